@@ -1,0 +1,118 @@
+//! Noise `CipherState` (revision 34, §5.1) for AESGCM: a key and a 64-bit
+//! message counter that is the implicit nonce.
+
+use aes_gcm::aead::Nonce;
+use aes_gcm::aead::{AeadInOut, KeyInit};
+use aes_gcm::{Aes256Gcm, Tag};
+
+use crate::{Error, TAG_LEN};
+
+/// The largest nonce a message may use. 2^64-1 is reserved by Noise for
+/// `REKEY()`, so a counter at `u64::MAX` means "no messages left".
+const RESERVED_NONCE: u64 = u64::MAX;
+
+pub(crate) struct CipherState {
+    aead: Aes256Gcm,
+    n: u64,
+}
+
+impl CipherState {
+    pub(crate) fn new(key: &[u8; 32]) -> Self {
+        Self {
+            aead: Aes256Gcm::new(key.into()),
+            n: 0,
+        }
+    }
+
+    /// The number of messages this state has sealed or opened.
+    pub(crate) fn nonce(&self) -> u64 {
+        self.n
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_nonce_for_test(&mut self, n: u64) {
+        self.n = n;
+    }
+
+    /// `ENCRYPT(k, n++, ad, plaintext)`: seals `buf[start..]` in place and
+    /// appends the tag.
+    pub(crate) fn seal_in_place(
+        &mut self,
+        ad: &[u8],
+        buf: &mut Vec<u8>,
+        start: usize,
+    ) -> Result<(), Error> {
+        if self.n == RESERVED_NONCE {
+            return Err(Error::NonceExhausted);
+        }
+        let tag = self
+            .aead
+            .encrypt_inout_detached(&nonce_bytes(self.n), ad, buf[start..].as_mut().into())
+            // AES-GCM only fails for inputs of 2^36 bytes, far beyond any message here.
+            .map_err(|_| Error::PayloadTooLarge {
+                len: buf.len() - start,
+                max: crate::MAX_PLAINTEXT_LEN,
+            })?;
+        buf.extend_from_slice(&tag);
+        self.n += 1;
+        Ok(())
+    }
+
+    /// `DECRYPT(k, n++, ad, ciphertext)`: opens `buf[start..]` in place and
+    /// removes the tag. On failure the counter does not advance and the
+    /// contents of `buf[start..]` are unspecified.
+    pub(crate) fn open_in_place(
+        &mut self,
+        ad: &[u8],
+        buf: &mut Vec<u8>,
+        start: usize,
+    ) -> Result<(), Error> {
+        if self.n == RESERVED_NONCE {
+            return Err(Error::NonceExhausted);
+        }
+        let len = buf.len() - start;
+        if len < TAG_LEN {
+            return Err(Error::Truncated {
+                need: TAG_LEN,
+                got: len,
+            });
+        }
+        let body_end = buf.len() - TAG_LEN;
+        let (body, tag) = buf[start..].split_at_mut(len - TAG_LEN);
+        let tag = Tag::try_from(&*tag).map_err(|_| Error::Decrypt)?;
+        self.aead
+            .decrypt_inout_detached(&nonce_bytes(self.n), ad, body.into(), &tag)
+            .map_err(|_| Error::Decrypt)?;
+        buf.truncate(body_end);
+        self.n += 1;
+        Ok(())
+    }
+
+    /// `REKEY()` (§4.2): k = ENCRYPT(k, 2^64-1, "", zeros[32]) truncated to 32
+    /// bytes. The counter is not reset.
+    pub(crate) fn rekey(&mut self) {
+        let mut new_key = zeroize::Zeroizing::new([0u8; 32]);
+        // Encrypting 32 bytes cannot fail; if the library ever did, keeping
+        // the zero key would be wrong, so fall back to failing every message.
+        if self
+            .aead
+            .encrypt_inout_detached(
+                &nonce_bytes(RESERVED_NONCE),
+                &[],
+                new_key.as_mut_slice().into(),
+            )
+            .is_err()
+        {
+            self.n = RESERVED_NONCE;
+            return;
+        }
+        self.aead = Aes256Gcm::new((&*new_key).into());
+    }
+}
+
+/// AESGCM nonce encoding (§12.3): 32 zero bits, then the counter big-endian.
+fn nonce_bytes(n: u64) -> Nonce<Aes256Gcm> {
+    let mut nonce = [0u8; 12];
+    nonce[4..].copy_from_slice(&n.to_be_bytes());
+    nonce.into()
+}
