@@ -1,0 +1,350 @@
+//! Records: the plaintext of one Noise transport message (DESIGN.md, "The
+//! wire", item 3). The first byte says what follows:
+//!
+//! ```text
+//! 0x01 | JSON frame (UTF-8)
+//! 0x02 | id length (u16 BE) | request id (UTF-8) | channel (u8) | raw bytes
+//! ```
+//!
+//! Pure: bytes in, typed values out. A record is at most
+//! [`MAX_RECORD_LEN`] bytes, the plaintext that fits one Noise message.
+
+use thiserror::Error;
+
+use crate::frame::{self, Frame, FrameError, RequestId};
+
+pub const KIND_FRAME: u8 = 0x01;
+pub const KIND_CHUNK: u8 = 0x02;
+
+/// The largest record: a 65535-byte Noise message less its 16-byte tag.
+pub const MAX_RECORD_LEN: usize = portcullis_crypto::MAX_PLAINTEXT_LEN;
+
+/// Bytes a chunk record spends before its data: kind, id length, channel.
+const CHUNK_FIXED_OVERHEAD: usize = 1 + 2 + 1;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Record<'a> {
+    Frame(Frame),
+    Chunk(Chunk<'a>),
+}
+
+/// A slice of binary data belonging to one request. Chunks of one request
+/// arrive in order; their data borrows from the decoded record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk<'a> {
+    pub request_id: &'a str,
+    pub channel: Channel,
+    pub data: &'a [u8],
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Channel {
+    Stdout = 1,
+    Stderr = 2,
+    Stdin = 3,
+    FileData = 4,
+    Terminal = 5,
+}
+
+impl TryFrom<u8> for Channel {
+    type Error = RecordError;
+    fn try_from(byte: u8) -> Result<Self, RecordError> {
+        Ok(match byte {
+            1 => Self::Stdout,
+            2 => Self::Stderr,
+            3 => Self::Stdin,
+            4 => Self::FileData,
+            5 => Self::Terminal,
+            other => return Err(RecordError::UnknownChannel(other)),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RecordError {
+    #[error("empty record: a record starts with a kind byte (0x01 frame, 0x02 chunk)")]
+    Empty,
+    #[error("record is {len} bytes; at most {MAX_RECORD_LEN} fit one Noise message")]
+    TooLarge { len: usize },
+    #[error("unknown record kind 0x{0:02x}: expected 0x01 (frame) or 0x02 (chunk)")]
+    UnknownKind(u8),
+    #[error("chunk header is truncated: {need} bytes needed, {got} present")]
+    ChunkTruncated { need: usize, got: usize },
+    #[error("chunk request id is not UTF-8")]
+    ChunkIdNotUtf8,
+    #[error("chunk request id: {0}")]
+    ChunkId(FrameError),
+    #[error(
+        "unknown chunk channel {0}: expected 1 stdout, 2 stderr, 3 stdin, 4 file data or 5 terminal"
+    )]
+    UnknownChannel(u8),
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+}
+
+/// Decodes one record.
+pub fn decode(record: &[u8]) -> Result<Record<'_>, RecordError> {
+    if record.len() > MAX_RECORD_LEN {
+        return Err(RecordError::TooLarge { len: record.len() });
+    }
+    let (&kind, body) = record.split_first().ok_or(RecordError::Empty)?;
+    match kind {
+        KIND_FRAME => Ok(Record::Frame(frame::decode_frame(body)?)),
+        KIND_CHUNK => decode_chunk(body).map(Record::Chunk),
+        other => Err(RecordError::UnknownKind(other)),
+    }
+}
+
+fn decode_chunk(body: &[u8]) -> Result<Chunk<'_>, RecordError> {
+    let truncated = |need| RecordError::ChunkTruncated {
+        need,
+        got: body.len(),
+    };
+    let [hi, lo, rest @ ..] = body else {
+        return Err(truncated(2));
+    };
+    let id_len = usize::from(u16::from_be_bytes([*hi, *lo]));
+    if rest.len() < id_len + 1 {
+        return Err(truncated(2 + id_len + 1));
+    }
+    let (id, rest) = rest.split_at(id_len);
+    let request_id = std::str::from_utf8(id).map_err(|_| RecordError::ChunkIdNotUtf8)?;
+    frame::validate_id(request_id).map_err(RecordError::ChunkId)?;
+    let (&channel, data) = rest
+        .split_first()
+        .ok_or_else(|| truncated(2 + id_len + 1))?;
+    Ok(Chunk {
+        request_id,
+        channel: Channel::try_from(channel)?,
+        data,
+    })
+}
+
+/// Appends a frame record to `out`. Fails, leaving `out` as it was, if the
+/// frame's JSON does not fit one record.
+pub fn encode_frame(frame: &Frame, out: &mut Vec<u8>) -> Result<(), RecordError> {
+    let start = out.len();
+    out.push(KIND_FRAME);
+    frame::encode_frame_json(frame, out);
+    let len = out.len() - start;
+    if len > MAX_RECORD_LEN {
+        out.truncate(start);
+        return Err(RecordError::TooLarge { len });
+    }
+    Ok(())
+}
+
+/// The most data one chunk record for `request_id` can carry.
+pub fn chunk_capacity(request_id: &RequestId) -> usize {
+    MAX_RECORD_LEN - CHUNK_FIXED_OVERHEAD - request_id.as_str().len()
+}
+
+/// Appends a chunk record to `out`. `data` must fit: see [`chunk_capacity`].
+pub fn encode_chunk(
+    request_id: &RequestId,
+    channel: Channel,
+    data: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), RecordError> {
+    let id = request_id.as_str().as_bytes();
+    let len = CHUNK_FIXED_OVERHEAD + id.len() + data.len();
+    if len > MAX_RECORD_LEN {
+        return Err(RecordError::TooLarge { len });
+    }
+    // A valid RequestId is at most MAX_ID_LEN (128) bytes, far below u16::MAX.
+    let id_len = u16::try_from(id.len()).map_err(|_| RecordError::TooLarge { len })?;
+    out.reserve(len);
+    out.push(KIND_CHUNK);
+    out.extend_from_slice(&id_len.to_be_bytes());
+    out.extend_from_slice(id);
+    out.push(channel as u8);
+    out.extend_from_slice(data);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{Cancel, Heartbeat};
+
+    fn id(s: &str) -> RequestId {
+        RequestId::new(s).unwrap()
+    }
+
+    #[test]
+    fn chunk_layout_is_as_documented() {
+        let mut out = Vec::new();
+        encode_chunk(&id("r1"), Channel::Stderr, b"oops", &mut out).unwrap();
+        assert_eq!(
+            out,
+            [&[0x02, 0x00, 0x02][..], b"r1", &[2], b"oops"].concat()
+        );
+        let Record::Chunk(chunk) = decode(&out).unwrap() else {
+            panic!("not a chunk")
+        };
+        assert_eq!(
+            (chunk.request_id, chunk.channel, chunk.data),
+            ("r1", Channel::Stderr, &b"oops"[..])
+        );
+    }
+
+    #[test]
+    fn a_full_chunk_fits_exactly() {
+        let rid = id("req-7");
+        let data = vec![0xAB; chunk_capacity(&rid)];
+        let mut out = Vec::new();
+        encode_chunk(&rid, Channel::FileData, &data, &mut out).unwrap();
+        assert_eq!(out.len(), MAX_RECORD_LEN);
+        assert!(encode_chunk(&rid, Channel::FileData, &[0; 1 + 65519], &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn frame_records_round_trip() {
+        let frame = Frame::Cancel(Cancel {
+            id: id("r9"),
+            reason: Some("user".into()),
+        });
+        let mut out = Vec::new();
+        encode_frame(&frame, &mut out).unwrap();
+        assert_eq!(out[0], KIND_FRAME);
+        assert_eq!(decode(&out).unwrap(), Record::Frame(frame));
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused_and_out_is_untouched() {
+        let frame = Frame::Ping(Heartbeat {
+            id: None,
+            ts: Some("x".repeat(MAX_RECORD_LEN)),
+        });
+        let mut out = vec![7];
+        assert!(matches!(
+            encode_frame(&frame, &mut out),
+            Err(RecordError::TooLarge { .. })
+        ));
+        assert_eq!(out, [7]);
+    }
+
+    #[test]
+    fn malformed_records_say_what_is_wrong() {
+        assert_eq!(decode(&[]), Err(RecordError::Empty));
+        assert_eq!(decode(&[0x03, 1]), Err(RecordError::UnknownKind(3)));
+        assert_eq!(
+            decode(&[0x02, 0]),
+            Err(RecordError::ChunkTruncated { need: 2, got: 1 })
+        );
+        assert_eq!(
+            decode(&[0x02, 0, 5, b'a']),
+            Err(RecordError::ChunkTruncated { need: 8, got: 3 })
+        );
+        assert_eq!(
+            decode(&[0x02, 0, 1, b'a']),
+            Err(RecordError::ChunkTruncated { need: 4, got: 3 })
+        );
+        assert_eq!(
+            decode(&[0x02, 0, 1, b'a', 9]),
+            Err(RecordError::UnknownChannel(9))
+        );
+        assert_eq!(
+            decode(&[0x02, 0, 1, 0xFF, 1]),
+            Err(RecordError::ChunkIdNotUtf8)
+        );
+        assert_eq!(
+            decode(&[0x02, 0, 0, 1]),
+            Err(RecordError::ChunkId(FrameError::EmptyId))
+        );
+        assert!(matches!(
+            decode(b"\x01{"),
+            Err(RecordError::Frame(FrameError::Json { .. }))
+        ));
+        assert!(matches!(
+            decode(&vec![1; MAX_RECORD_LEN + 1]),
+            Err(RecordError::TooLarge { .. })
+        ));
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value};
+
+    use super::*;
+    use crate::frame::{Request, RequestContext};
+
+    fn request_id() -> impl Strategy<Value = RequestId> {
+        "[A-Za-z0-9_.:/-]{1,128}".prop_map(|s| RequestId::new(s).unwrap())
+    }
+
+    fn channel() -> impl Strategy<Value = Channel> {
+        (1u8..=5).prop_map(|b| Channel::try_from(b).unwrap())
+    }
+
+    fn json_leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            ".{0,40}".prop_map(Value::String),
+        ]
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        json_leaf().prop_recursive(6, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z_]{1,12}", inner, 0..8)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_frame_bodies_never_panic(body in ".{0,512}") {
+            let record = [&[KIND_FRAME][..], body.as_bytes()].concat();
+            let _ = decode(&record);
+        }
+
+        #[test]
+        fn chunks_round_trip(id in request_id(), channel in channel(),
+                             data in prop::collection::vec(any::<u8>(), 0..4096)) {
+            let mut out = Vec::new();
+            encode_chunk(&id, channel, &data, &mut out).unwrap();
+            let decoded = decode(&out).unwrap();
+            prop_assert_eq!(decoded, Record::Chunk(Chunk { request_id: id.as_str(), channel, data: &data }));
+        }
+
+        #[test]
+        fn requests_round_trip(id in request_id(), method in "[a-z]{1,10}\\.[a-z_]{1,20}",
+                               params in prop::collection::btree_map("[a-z_]{1,12}", json_value(), 0..6),
+                               run_id in proptest::option::of("[a-z0-9]{1,40}")) {
+            let frame = Frame::Request(Request {
+                id,
+                method,
+                params: params.into_iter().collect::<Map<String, Value>>(),
+                context: run_id.map(|run_id| RequestContext { run_id: Some(run_id), ..Default::default() }),
+            });
+            let mut out = Vec::new();
+            encode_frame(&frame, &mut out).unwrap();
+            prop_assert_eq!(decode(&out).unwrap(), Record::Frame(frame));
+        }
+
+        #[test]
+        fn corrupted_records_never_panic(id in request_id(), data in prop::collection::vec(any::<u8>(), 0..256),
+                                         edits in prop::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
+            let mut out = Vec::new();
+            encode_chunk(&id, Channel::Stdout, &data, &mut out).unwrap();
+            for (at, byte) in edits {
+                let i = at % out.len();
+                out[i] = byte;
+            }
+            let _ = decode(&out);
+        }
+    }
+}
