@@ -134,7 +134,7 @@ impl Direction {
             self.failed = true;
             return Err(e);
         }
-        if self.cipher.nonce() % REKEY_INTERVAL == 0 {
+        if self.cipher.nonce().is_multiple_of(REKEY_INTERVAL) {
             self.cipher.rekey();
         }
         Ok(())

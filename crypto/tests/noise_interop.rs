@@ -351,12 +351,12 @@ fn traffic_across_a_rekey_boundary_with_snow() {
             payload.as_slice(),
             "initiator→responder message {i}"
         );
-        if i % REKEY_INTERVAL == 0 {
+        if i.is_multiple_of(REKEY_INTERVAL) {
             theirs.rekey_incoming();
         }
 
         let n = theirs.write_message(&payload, &mut out).unwrap();
-        if i % REKEY_INTERVAL == 0 {
+        if i.is_multiple_of(REKEY_INTERVAL) {
             theirs.rekey_outgoing();
         }
         assert_eq!(
