@@ -41,8 +41,14 @@ fn transcript(keys: &Keys) -> [Vec<u8>; 3] {
 }
 
 fn established() -> (Transport, Transport) {
-    let keys = Keys { client: StaticKeypair::generate().unwrap(), gateway: StaticKeypair::generate().unwrap() };
-    let (mut c, mut g) = (Handshake::initiator(&keys.client, PROLOGUE), Handshake::responder(&keys.gateway, PROLOGUE));
+    let keys = Keys {
+        client: StaticKeypair::generate().unwrap(),
+        gateway: StaticKeypair::generate().unwrap(),
+    };
+    let (mut c, mut g) = (
+        Handshake::initiator(&keys.client, PROLOGUE),
+        Handshake::responder(&keys.gateway, PROLOGUE),
+    );
     let m1 = c.write_message(b"").unwrap();
     g.read_message(&m1).unwrap();
     let m2 = g.write_message(GATEWAY_HELLO).unwrap();
@@ -53,7 +59,10 @@ fn established() -> (Transport, Transport) {
 }
 
 fn handshake(c: &mut Criterion) {
-    let keys = Keys { client: StaticKeypair::from_private_bytes([1; 32]), gateway: StaticKeypair::from_private_bytes([2; 32]) };
+    let keys = Keys {
+        client: StaticKeypair::from_private_bytes([1; 32]),
+        gateway: StaticKeypair::from_private_bytes([2; 32]),
+    };
     let [m1, m2, m3] = transcript(&keys);
     let mut group = c.benchmark_group("handshake");
 
@@ -79,8 +88,10 @@ fn handshake(c: &mut Criterion) {
 
     group.bench_function("both_sides_random_ephemerals", |b| {
         b.iter(|| {
-            let (mut c, mut g) =
-                (Handshake::initiator(&keys.client, PROLOGUE), Handshake::responder(&keys.gateway, PROLOGUE));
+            let (mut c, mut g) = (
+                Handshake::initiator(&keys.client, PROLOGUE),
+                Handshake::responder(&keys.gateway, PROLOGUE),
+            );
             let m1 = c.write_message(b"").unwrap();
             g.read_message(&m1).unwrap();
             let m2 = g.write_message(GATEWAY_HELLO).unwrap();
@@ -125,7 +136,9 @@ fn transport(c: &mut Criterion) {
 
     // Reference: ring's AES-256-GCM (BoringSSL's stitched assembly) on the
     // same buffer, to show what the AEAD library choice costs.
-    let key = ring::aead::LessSafeKey::new(ring::aead::UnboundKey::new(&ring::aead::AES_256_GCM, &[7; 32]).unwrap());
+    let key = ring::aead::LessSafeKey::new(
+        ring::aead::UnboundKey::new(&ring::aead::AES_256_GCM, &[7; 32]).unwrap(),
+    );
     let mut counter = 0u64;
     group.bench_function("seal_ring_reference", |b| {
         b.iter(|| {
@@ -135,7 +148,8 @@ fn transport(c: &mut Criterion) {
             let mut nonce = [0u8; 12];
             nonce[4..].copy_from_slice(&counter.to_be_bytes());
             let nonce = ring::aead::Nonce::assume_unique_for_key(nonce);
-            key.seal_in_place_append_tag(nonce, ring::aead::Aad::empty(), &mut buf).unwrap();
+            key.seal_in_place_append_tag(nonce, ring::aead::Aad::empty(), &mut buf)
+                .unwrap();
             black_box(&buf);
         })
     });

@@ -19,7 +19,9 @@ fn gateway() -> Handshake {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else { return };
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
     if mode % 2 == 0 {
         raw_messages(rest);
     } else {
@@ -29,7 +31,9 @@ fuzz_target!(|data: &[u8]| {
 
 fn raw_messages(data: &[u8]) {
     let (first, third) = match data {
-        [hi, lo, rest @ ..] => rest.split_at(usize::from(u16::from_be_bytes([*hi, *lo])).min(rest.len())),
+        [hi, lo, rest @ ..] => {
+            rest.split_at(usize::from(u16::from_be_bytes([*hi, *lo])).min(rest.len()))
+        }
         _ => (data, &[][..]),
     };
     let mut gateway = gateway();
@@ -43,7 +47,9 @@ fn raw_messages(data: &[u8]) {
         // Completing requires a valid AEAD tag under keys the input cannot
         // know without the fixed ephemeral's discrete log: only possible if
         // the fuzzer replays a transcript. Converting must still work.
-        gateway.into_transport().expect("a finished handshake yields a transport");
+        gateway
+            .into_transport()
+            .expect("a finished handshake yields a transport");
     }
 }
 
@@ -55,7 +61,9 @@ fn tampered_message_3(mask: &[u8]) {
     gateway.read_message(&m1).expect("gateway reads message 1");
     let m2 = gateway.write_message(b"{}").expect("message 2");
     client.read_message(&m2).expect("client reads message 2");
-    let m3 = client.write_message(br#"{"token":"fuzz"}"#).expect("message 3");
+    let m3 = client
+        .write_message(br#"{"token":"fuzz"}"#)
+        .expect("message 3");
 
     let mut tampered = m3.clone();
     for (i, byte) in mask.iter().enumerate() {
@@ -65,5 +73,9 @@ fn tampered_message_3(mask: &[u8]) {
         }
     }
     let accepted = gateway.read_message(&tampered).is_ok();
-    assert_eq!(accepted, tampered == m3, "gateway accepted a tampered message 3");
+    assert_eq!(
+        accepted,
+        tampered == m3,
+        "gateway accepted a tampered message 3"
+    );
 }

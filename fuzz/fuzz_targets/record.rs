@@ -9,17 +9,24 @@ use portcullis::frame::RequestId;
 use portcullis::record::{self, Record};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(decoded) = record::decode(data) else { return };
+    let Ok(decoded) = record::decode(data) else {
+        return;
+    };
     let mut again = Vec::new();
     match &decoded {
         Record::Frame(frame) => {
-            record::encode_frame(frame, &mut again).expect("a decoded frame re-encodes within a record");
+            record::encode_frame(frame, &mut again)
+                .expect("a decoded frame re-encodes within a record");
         }
         Record::Chunk(chunk) => {
             let id = RequestId::new(chunk.request_id).expect("a decoded chunk id is valid");
-            record::encode_chunk(&id, chunk.channel, chunk.data, &mut again).expect("a decoded chunk re-encodes");
+            record::encode_chunk(&id, chunk.channel, chunk.data, &mut again)
+                .expect("a decoded chunk re-encodes");
             assert_eq!(again, data, "chunk encoding is canonical");
         }
     }
-    assert_eq!(record::decode(&again).expect("re-encoded record decodes"), decoded);
+    assert_eq!(
+        record::decode(&again).expect("re-encoded record decodes"),
+        decoded
+    );
 });
