@@ -1,12 +1,16 @@
 //! The `portcullis` command: the daemon and its operator and client verbs.
+//! Argument parsing lives here; each verb is in `cli/`.
 
 #![forbid(unsafe_code)]
+
+mod cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use portcullis::keyfile;
+
+use cli::policy::DEFAULT_POLICY;
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +28,9 @@ enum Command {
     /// Create and inspect X25519 static keys (the gateway's and clients').
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Check a policy file and explain its decisions.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
 }
 
 #[derive(Subcommand)]
@@ -48,32 +55,35 @@ enum KeysCommand {
     },
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Keys(KeysCommand::Generate { file, force, json }) => {
-            keyfile::generate(&file, force).map(|pair| print_public(pair.public(), json))
-        }
-        Command::Keys(KeysCommand::Show { file, json }) => {
-            keyfile::load(&file).map(|pair| print_public(pair.public(), json))
-        }
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("portcullis: {e}");
-            ExitCode::FAILURE
-        }
-    }
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Validate a policy file. Exit 0 when valid; 1 with every error as
+    /// FILE:LINE:COLUMN: message.
+    Check {
+        /// The policy file.
+        #[arg(default_value = DEFAULT_POLICY)]
+        file: PathBuf,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show how the policy decides one request, and the rule that decides
+    /// it. Exit 0 when allowed, 2 when denied or approval is required,
+    /// 1 on error.
+    #[command(after_help = "Examples:\n  \
+        portcullis policy explain --principal agent --method file.write --root workspace --path src/main.rs\n  \
+        portcullis policy explain --principal agent --method shell.exec --command git --cwd-root workspace\n  \
+        portcullis policy explain --principal agent --method tool.call --tool service_restart")]
+    Explain(Box<cli::policy::ExplainArgs>),
 }
 
-fn print_public(key: &portcullis_crypto::PublicKey, json: bool) {
-    if json {
-        let value =
-            serde_json::json!({"public_key": key.to_base64(), "fingerprint": key.fingerprint()});
-        println!("{value}");
-    } else {
-        println!("public key:  {}", key.to_base64());
-        println!("fingerprint: {}", key.fingerprint());
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Keys(KeysCommand::Generate { file, force, json }) => {
+            cli::keys::generate(&file, force, json)
+        }
+        Command::Keys(KeysCommand::Show { file, json }) => cli::keys::show(&file, json),
+        Command::Policy(PolicyCommand::Check { file, json }) => cli::policy::check(&file, json),
+        Command::Policy(PolicyCommand::Explain(args)) => cli::policy::explain(*args),
     }
 }

@@ -1,0 +1,717 @@
+//! The decision: `decide(policy, principal, query, now) -> Decision`. Pure:
+//! no I/O, no clock, no state. Every allow names the grant that allowed it;
+//! every refusal says why.
+//!
+//! Overlap rules:
+//! - file access is the union of the grants: the strongest mode wins;
+//! - shell and scripts are decided by the first grant (in file order) that
+//!   permits the whole request, and that grant's limits apply;
+//! - a tool is callable if any grant allows its name; its approval policy is
+//!   the strictest of the tool's own and every matching override in the
+//!   principal's grants, so `block` and stricter policies always win.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use subtle::ConstantTimeEq;
+
+use crate::model::*;
+use crate::path::{PathError, RelativePath, normalize};
+
+/// What a request wants, reduced to the parameters that matter to policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query {
+    pub method: String,
+    pub target: Target,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Methods with nothing to check beyond the capability (`shell.status`,
+    /// `tool.list`, `resource.list`, …).
+    None,
+    /// One file path, as the client wrote it.
+    Path {
+        root: String,
+        path: String,
+    },
+    /// `file.move` and `file.copy`.
+    Transfer {
+        from: (String, String),
+        to: (String, String),
+    },
+    /// A program to run. `program` is as requested (bare name or absolute
+    /// path); `cwd` is a root and a path in it.
+    Command {
+        program: String,
+        cwd: Option<(String, String)>,
+        env: Vec<(String, String)>,
+        pty: bool,
+    },
+    Tool {
+        name: String,
+    },
+    /// `script.run`, with the limits the request asks for (never more than
+    /// the grant's).
+    Script {
+        requested: Option<ScriptLimits>,
+    },
+}
+
+/// A capability of the relay protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capability {
+    Fileops,
+    Shell,
+    Tools,
+    Scripts,
+    Resources,
+}
+
+impl Capability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fileops => "fileops",
+            Self::Shell => "shell",
+            Self::Tools => "tools",
+            Self::Scripts => "scripts",
+            Self::Resources => "resources",
+        }
+    }
+}
+
+/// What a method needs of a root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+}
+
+/// The capability a method belongs to, and for file methods the access.
+fn classify(method: &str) -> Result<(Capability, Option<Access>), Denial> {
+    use Capability::*;
+    Ok(match method {
+        "file.read" | "file.list" | "file.stat" | "file.search" | "file.watch" => {
+            (Fileops, Some(Access::Read))
+        }
+        "file.write" | "file.append" | "file.mkdir" | "file.delete" | "file.move" | "file.copy" => {
+            (Fileops, Some(Access::Write))
+        }
+        "shell.exec" | "shell.start" | "shell.input" | "shell.resize" | "shell.signal"
+        | "shell.cancel" | "shell.status" | "shell.list" | "shell.attach" => (Shell, None),
+        "tool.list" | "tool.call" | "tool.cancel" => (Tools, None),
+        "script.run" => (Scripts, None),
+        "resource.list" | "resource.get" | "resource.dispose" => (Resources, None),
+        m if m.starts_with("computer.") || m.starts_with("artifact.") => {
+            return Err(Denial::CapabilityUnavailable);
+        }
+        _ => return Err(Denial::UnknownMethod),
+    })
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// Why, in words an operator can act on; goes into the audit entry.
+    pub rule: String,
+    /// The grant that decided, when one did.
+    pub grant: Option<String>,
+    pub capability: Option<Capability>,
+    /// What the handler must apply when the request runs.
+    pub terms: Terms,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", content = "detail", rename_all = "snake_case")]
+pub enum Verdict {
+    Allow,
+    /// Runs only once approved under this policy (never `allow` or `block`).
+    RequireApproval(ApprovalPolicy),
+    Deny(Denial),
+}
+
+/// Why a request is refused; each maps to a relay error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Denial {
+    UnknownMethod,
+    CapabilityUnavailable,
+    UnknownPrincipal,
+    PrincipalDisabled,
+    PrincipalExpired,
+    /// No grant of this principal allows it.
+    NotGranted,
+    /// The root is granted read-only.
+    ReadOnly,
+    /// The path is malformed or leaves its root.
+    BadPath,
+    UnknownRoot,
+    UnknownTool,
+    /// The tool's approval policy is `block`.
+    Blocked,
+    /// The query does not fit the method (e.g. `file.read` without a path).
+    InvalidRequest,
+}
+
+impl Denial {
+    /// A short name for logs and the CLI (`read_only`, `not_granted`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UnknownMethod => "unknown_method",
+            Self::CapabilityUnavailable => "capability_unavailable",
+            Self::UnknownPrincipal => "unknown_principal",
+            Self::PrincipalDisabled => "principal_disabled",
+            Self::PrincipalExpired => "principal_expired",
+            Self::NotGranted => "not_granted",
+            Self::ReadOnly => "read_only",
+            Self::BadPath => "bad_path",
+            Self::UnknownRoot => "unknown_root",
+            Self::UnknownTool => "unknown_tool",
+            Self::Blocked => "blocked",
+            Self::InvalidRequest => "invalid_request",
+        }
+    }
+
+    /// The `ya-environment-relay.v1` error code for this refusal.
+    pub fn error_code(self) -> &'static str {
+        match self {
+            Self::UnknownMethod => "unknown_method",
+            Self::CapabilityUnavailable => "capability_unavailable",
+            Self::UnknownTool => "not_found",
+            Self::Blocked => "policy_blocked",
+            Self::InvalidRequest => "invalid_request",
+            Self::UnknownPrincipal
+            | Self::PrincipalDisabled
+            | Self::PrincipalExpired
+            | Self::NotGranted
+            | Self::ReadOnly
+            | Self::BadPath
+            | Self::UnknownRoot => "permission_denied",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Terms {
+    None,
+    File(FileTerms),
+    Transfer { from: FileTerms, to: FileTerms },
+    Shell(ShellTerms),
+    Tool { name: String, risk: Risk },
+    Script(ScriptLimits),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileTerms {
+    pub root: String,
+    /// Normalised, relative to the root; resolve it beneath the root's
+    /// directory handle, never by string concatenation.
+    pub path: String,
+    pub mode: Mode,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShellTerms {
+    /// The child's whole environment: the requested variables the grant
+    /// allows, then the grant's fixed values.
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<FileTerms>,
+    pub max_runtime: Duration,
+    pub output_limit: u64,
+    pub pty: bool,
+    pub network: Network,
+    pub max_processes: u32,
+    pub persist: bool,
+    /// Roots the child may write (`rw`) or read, for its sandbox.
+    pub roots: BTreeMap<String, Mode>,
+}
+
+impl Decision {
+    fn deny(denial: Denial, capability: Option<Capability>, rule: impl Into<String>) -> Self {
+        Self {
+            verdict: Verdict::Deny(denial),
+            rule: rule.into(),
+            grant: None,
+            capability,
+            terms: Terms::None,
+        }
+    }
+
+    pub fn is_allowed(&self) -> bool {
+        self.verdict == Verdict::Allow
+    }
+}
+
+/// Decides `query` for the principal `principal_id` at time `now`.
+pub fn decide(
+    policy: &Policy,
+    principal_id: &str,
+    query: &Query,
+    now: jiff::Timestamp,
+) -> Decision {
+    let (capability, access) = match classify(&query.method) {
+        Ok(found) => found,
+        Err(denial) => {
+            let rule = match denial {
+                Denial::UnknownMethod => format!("no capability serves method `{}`", query.method),
+                _ => format!(
+                    "method `{}` belongs to a capability this gateway does not provide",
+                    query.method
+                ),
+            };
+            return Decision::deny(denial, None, rule);
+        }
+    };
+    let cap = Some(capability);
+    if let Err((denial, rule)) = principal_status(policy, principal_id, now) {
+        return Decision::deny(denial, cap, rule);
+    }
+    let grants: Vec<&Grant> = active_grants(policy, principal_id, now).collect();
+    let grants = grants.as_slice();
+
+    match (capability, &query.target) {
+        (Capability::Fileops, Target::Path { root, path }) => {
+            let access = access.unwrap_or(Access::Write);
+            match file_terms(policy, grants, principal_id, root, path, access) {
+                Ok((terms, grant, rule)) => allow(cap, grant, rule, Terms::File(terms)),
+                Err((denial, rule)) => Decision::deny(denial, cap, rule),
+            }
+        }
+        (Capability::Fileops, Target::Transfer { from, to }) => {
+            // A copy reads its source; a move also removes it.
+            let from_access = if query.method == "file.move" {
+                Access::Write
+            } else {
+                Access::Read
+            };
+            let source = file_terms(policy, grants, principal_id, &from.0, &from.1, from_access);
+            let target = file_terms(policy, grants, principal_id, &to.0, &to.1, Access::Write);
+            match (source, target) {
+                (Ok((from, _, from_rule)), Ok((to, grant, to_rule))) => allow(
+                    cap,
+                    grant,
+                    format!("source: {from_rule}; destination: {to_rule}"),
+                    Terms::Transfer { from, to },
+                ),
+                (Err((denial, rule)), _) | (_, Err((denial, rule))) => {
+                    Decision::deny(denial, cap, rule)
+                }
+            }
+        }
+        (Capability::Fileops, _) => Decision::deny(
+            Denial::InvalidRequest,
+            cap,
+            format!("`{}` needs a root and a path", query.method),
+        ),
+        (
+            Capability::Shell,
+            Target::Command {
+                program,
+                cwd,
+                env,
+                pty,
+            },
+        ) => shell(
+            policy,
+            grants,
+            principal_id,
+            program,
+            cwd.as_ref(),
+            env,
+            *pty,
+        ),
+        (Capability::Shell, Target::None) => {
+            first_grant_with(grants, cap, principal_id, |g| g.shell.is_some())
+        }
+        (Capability::Tools, Target::Tool { name }) => tool(policy, grants, principal_id, name),
+        (Capability::Tools, Target::None) => {
+            first_grant_with(grants, cap, principal_id, |g| g.tools.is_some())
+        }
+        (Capability::Scripts, Target::Script { requested }) => {
+            match grants
+                .iter()
+                .find_map(|g| g.scripts.map(|limits| (g, limits)))
+            {
+                Some((g, limits)) => {
+                    let limits = requested.map_or(limits, |r| r.min(limits));
+                    allow(
+                        cap,
+                        &g.id,
+                        format!("grant `{}` allows scripts", g.id),
+                        Terms::Script(limits),
+                    )
+                }
+                None => not_granted(cap, principal_id, "scripts"),
+            }
+        }
+        (Capability::Resources, Target::None) => {
+            first_grant_with(grants, cap, principal_id, |g| g.resources.is_some())
+        }
+        (_, _) => Decision::deny(
+            Denial::InvalidRequest,
+            cap,
+            format!(
+                "`{}` was asked with parameters that do not fit it",
+                query.method
+            ),
+        ),
+    }
+}
+
+/// Whether the principal exists and may act now.
+pub fn principal_status(
+    policy: &Policy,
+    principal_id: &str,
+    now: jiff::Timestamp,
+) -> Result<(), (Denial, String)> {
+    let Some(principal) = policy.principal(principal_id) else {
+        return Err((
+            Denial::UnknownPrincipal,
+            format!("principal `{principal_id}` is not in the policy"),
+        ));
+    };
+    if principal.disabled {
+        return Err((
+            Denial::PrincipalDisabled,
+            format!("principal `{principal_id}` is disabled"),
+        ));
+    }
+    if principal.expires_at.is_some_and(|t| t <= now) {
+        return Err((
+            Denial::PrincipalExpired,
+            format!("principal `{principal_id}` expired"),
+        ));
+    }
+    Ok(())
+}
+
+/// The principal's grants that have not expired, in file order.
+pub fn active_grants<'p>(
+    policy: &'p Policy,
+    principal_id: &'p str,
+    now: jiff::Timestamp,
+) -> impl Iterator<Item = &'p Grant> {
+    policy
+        .grants
+        .iter()
+        .filter(move |g| g.principals.iter().any(|p| p == principal_id))
+        .filter(move |g| g.expires_at.is_none_or(|t| t > now))
+}
+
+fn allow(capability: Option<Capability>, grant: &str, rule: String, terms: Terms) -> Decision {
+    Decision {
+        verdict: Verdict::Allow,
+        rule,
+        grant: Some(grant.to_string()),
+        capability,
+        terms,
+    }
+}
+
+fn not_granted(capability: Option<Capability>, principal: &str, what: &str) -> Decision {
+    Decision::deny(
+        Denial::NotGranted,
+        capability,
+        format!("no grant gives principal `{principal}` {what} (deny by default)"),
+    )
+}
+
+fn first_grant_with(
+    grants: &[&Grant],
+    cap: Option<Capability>,
+    principal: &str,
+    has: impl Fn(&Grant) -> bool,
+) -> Decision {
+    let what = cap.map_or("", |c| c.as_str());
+    match grants.iter().find(|g| has(g)) {
+        Some(g) => allow(
+            cap,
+            &g.id,
+            format!("grant `{}` allows {what}", g.id),
+            Terms::None,
+        ),
+        None => not_granted(cap, principal, what),
+    }
+}
+
+type Refusal = (Denial, String);
+
+/// The strongest mode any grant gives on `root`, with the grant's id.
+fn root_mode<'g>(grants: &[&'g Grant], root: &str) -> Option<(Mode, &'g str)> {
+    grants
+        .iter()
+        .filter_map(|g| g.fileops.get(root).map(|m| (*m, g.id.as_str())))
+        .max_by_key(|(m, _)| *m)
+}
+
+fn file_terms<'g>(
+    policy: &Policy,
+    grants: &[&'g Grant],
+    principal: &str,
+    root_id: &str,
+    path: &str,
+    access: Access,
+) -> Result<(FileTerms, &'g str, String), Refusal> {
+    let Some(root) = policy.root(root_id) else {
+        return Err((
+            Denial::UnknownRoot,
+            format!("root `{root_id}` is not defined"),
+        ));
+    };
+    let Some((mode, grant)) = root_mode(grants, root_id) else {
+        return Err((
+            Denial::NotGranted,
+            format!("no grant gives principal `{principal}` root `{root_id}` (deny by default)"),
+        ));
+    };
+    let relative: RelativePath = normalize(&root.virtual_path, path)
+        .map_err(|e: PathError| (Denial::BadPath, format!("root `{root_id}`: {e}")))?;
+    if access == Access::Write && mode == Mode::Ro {
+        return Err((
+            Denial::ReadOnly,
+            format!("grant `{grant}` gives root `{root_id}` read-only"),
+        ));
+    }
+    let rule = format!("grant `{grant}` gives root `{root_id}` {}", mode.as_str());
+    Ok((
+        FileTerms {
+            root: root_id.to_string(),
+            path: relative.as_str().to_string(),
+            mode,
+        },
+        grant,
+        rule,
+    ))
+}
+
+fn command_allowed(rule: &CommandRule, program: &str) -> bool {
+    match rule {
+        CommandRule::Any => true,
+        // A path is matched exactly, a bare name only by a bare entry, so
+        // `/tmp/x/git` never passes as `git`.
+        CommandRule::Listed(entries) => entries.contains(program),
+    }
+}
+
+fn shell(
+    policy: &Policy,
+    grants: &[&Grant],
+    principal: &str,
+    program: &str,
+    cwd: Option<&(String, String)>,
+    env: &[(String, String)],
+    pty: bool,
+) -> Decision {
+    let cap = Some(Capability::Shell);
+    if program.is_empty()
+        || program.contains('\0')
+        || (program.contains('/') && !program.starts_with('/'))
+    {
+        return Decision::deny(
+            Denial::InvalidRequest,
+            cap,
+            "the program must be a bare name or an absolute path",
+        );
+    }
+    let mut last_refusal: Option<Refusal> = None;
+    for g in grants {
+        let Some(shell) = &g.shell else { continue };
+        if !command_allowed(&shell.commands, program) {
+            last_refusal = Some((
+                Denial::NotGranted,
+                format!("grant `{}` does not list command `{program}`", g.id),
+            ));
+            continue;
+        }
+        if pty && !shell.pty {
+            last_refusal = Some((
+                Denial::NotGranted,
+                format!("grant `{}` does not allow terminals", g.id),
+            ));
+            continue;
+        }
+        let cwd_terms = match cwd {
+            None => None,
+            Some((root, path)) if shell.cwd_roots.iter().any(|r| r == root) => {
+                match file_terms(policy, grants, principal, root, path, Access::Read) {
+                    Ok((terms, _, _)) => Some(terms),
+                    Err(refusal) => return Decision::deny(refusal.0, cap, refusal.1),
+                }
+            }
+            Some((root, _)) => {
+                last_refusal = Some((
+                    Denial::NotGranted,
+                    format!("grant `{}` does not allow commands in root `{root}`", g.id),
+                ));
+                continue;
+            }
+        };
+        let mut child_env: BTreeMap<String, String> = env
+            .iter()
+            .filter(|(k, _)| shell.env_allow.contains(k))
+            .cloned()
+            .collect();
+        child_env.extend(shell.env_set.clone());
+        let roots = grants.iter().flat_map(|g| g.fileops.iter()).fold(
+            BTreeMap::new(),
+            |mut acc: BTreeMap<String, Mode>, (root, mode)| {
+                let entry = acc.entry(root.clone()).or_insert(*mode);
+                *entry = (*entry).max(*mode);
+                acc
+            },
+        );
+        let terms = ShellTerms {
+            env: child_env,
+            cwd: cwd_terms,
+            max_runtime: shell.max_runtime,
+            output_limit: shell.output_limit,
+            pty,
+            network: shell.network,
+            max_processes: shell.max_processes,
+            persist: shell.persist,
+            roots,
+        };
+        return allow(
+            cap,
+            &g.id,
+            format!("grant `{}` allows command `{program}`", g.id),
+            Terms::Shell(terms),
+        );
+    }
+    match last_refusal {
+        Some((denial, rule)) => Decision::deny(denial, cap, rule),
+        None => not_granted(cap, principal, "shell"),
+    }
+}
+
+fn tool(policy: &Policy, grants: &[&Grant], principal: &str, name: &str) -> Decision {
+    let cap = Some(Capability::Tools);
+    let Some(tool) = policy.tool(name) else {
+        return Decision::deny(
+            Denial::UnknownTool,
+            cap,
+            format!("tool `{name}` is not defined"),
+        );
+    };
+    let Some(allowing) = grants
+        .iter()
+        .find(|g| g.tools.as_ref().is_some_and(|t| t.allow_set.is_match(name)))
+    else {
+        return not_granted(cap, principal, &format!("tool `{name}`"));
+    };
+    // Strictest of the tool's own policy and every matching override.
+    let mut approval = tool.approval_policy;
+    let mut rule = format!(
+        "grant `{}` allows tool `{name}`; the tool's approval policy is {}",
+        allowing.id,
+        approval.as_str()
+    );
+    for g in grants {
+        let Some(tools) = &g.tools else { continue };
+        for ((pattern, policy), matcher) in tools.approval.iter().zip(&tools.approval_matchers) {
+            if *policy > approval && matcher.is_match(name) {
+                approval = *policy;
+                rule = format!(
+                    "grant `{}` allows tool `{name}`; grant `{}` makes it {} (`{pattern}`)",
+                    allowing.id,
+                    g.id,
+                    policy.as_str()
+                );
+            }
+        }
+    }
+    let verdict = match approval {
+        ApprovalPolicy::Allow => Verdict::Allow,
+        ApprovalPolicy::Block => Verdict::Deny(Denial::Blocked),
+        other => Verdict::RequireApproval(other),
+    };
+    Decision {
+        verdict,
+        rule,
+        grant: Some(allowing.id.clone()),
+        capability: cap,
+        terms: Terms::Tool {
+            name: name.to_string(),
+            risk: tool.risk,
+        },
+    }
+}
+
+/// The principal whose public key is `key`, if any.
+pub fn principal_by_key<'p>(policy: &'p Policy, key: &[u8; 32]) -> Option<&'p Principal> {
+    policy
+        .principals
+        .iter()
+        .find(|p| p.public_key.as_ref() == Some(key))
+}
+
+/// The principal whose token hashes to a configured `token_hash`. Every
+/// principal's hash is compared, in constant time, so timing does not tell
+/// which (or whether any) matched.
+pub fn principal_by_token<'p>(policy: &'p Policy, token: &str) -> Option<&'p Principal> {
+    use sha2::{Digest, Sha256};
+    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    let mut found = None;
+    for p in &policy.principals {
+        if let Some(hash) = &p.token_sha256
+            && bool::from(hash.ct_eq(&digest))
+            && found.is_none()
+        {
+            found = Some(p);
+        }
+    }
+    found
+}
+
+/// What a principal may use now, for the provider's `hello`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub fileops: BTreeMap<String, Mode>,
+    pub shell: bool,
+    pub pty: bool,
+    pub tools: Vec<String>,
+    pub scripts: bool,
+    pub resources: bool,
+}
+
+/// The union of the principal's active grants; empty when the principal
+/// may not act.
+pub fn summary(policy: &Policy, principal_id: &str, now: jiff::Timestamp) -> Summary {
+    let mut out = Summary::default();
+    if principal_status(policy, principal_id, now).is_err() {
+        return out;
+    }
+    for g in active_grants(policy, principal_id, now) {
+        for (root, mode) in &g.fileops {
+            let entry = out.fileops.entry(root.clone()).or_insert(*mode);
+            *entry = (*entry).max(*mode);
+        }
+        if let Some(shell) = &g.shell {
+            out.shell = true;
+            out.pty |= shell.pty;
+        }
+        out.scripts |= g.scripts.is_some();
+        out.resources |= g.resources.is_some();
+    }
+    out.tools = policy
+        .tools
+        .iter()
+        .filter(|t| {
+            let query = Query {
+                method: "tool.call".into(),
+                target: Target::Tool {
+                    name: t.name.clone(),
+                },
+            };
+            !matches!(
+                decide(policy, principal_id, &query, now).verdict,
+                Verdict::Deny(_)
+            )
+        })
+        .map(|t| t.name.clone())
+        .collect();
+    out
+}

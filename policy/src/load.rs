@@ -1,0 +1,513 @@
+//! Parse and validate: TOML text → [`Policy`], or every problem found, each
+//! with file, line and column.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
+use std::path::{Component, Path};
+
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+use toml::Spanned;
+
+use crate::model::*;
+use crate::path::check_virtual_root;
+use crate::schema::*;
+use crate::{PolicyError, PolicyErrors};
+
+/// Longest id of a principal, root, grant or tool.
+const MAX_ID_LEN: usize = 64;
+
+/// Parses and validates policy text. `file` names the source in errors;
+/// `base_dir` resolves relative tool script paths (lexically; nothing is read).
+pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Policy, PolicyErrors> {
+    let raw: RawPolicy = toml::from_str(text).map_err(|e| {
+        let span = e.span().unwrap_or(0..0);
+        PolicyErrors(vec![PolicyError::at(
+            file,
+            text,
+            span,
+            e.message().trim_end().to_string(),
+        )])
+    })?;
+    let mut v = Validator {
+        file,
+        text,
+        errors: Vec::new(),
+        seen: HashMap::new(),
+    };
+    let policy = v.policy(raw, base_dir, hex(&Sha256::digest(text.as_bytes())));
+    if v.errors.is_empty() {
+        Ok(policy)
+    } else {
+        Err(PolicyErrors(v.errors))
+    }
+}
+
+/// Reads and parses a policy file: the one file this crate ever reads.
+pub fn load_file(path: &Path) -> Result<Policy, PolicyErrors> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        PolicyErrors(vec![PolicyError {
+            file: file.clone(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read: {e}"),
+        }])
+    })?;
+    let base = path.parent().unwrap_or(Path::new("/"));
+    parse(&text, &file, base)
+}
+
+struct Validator<'a> {
+    file: &'a str,
+    text: &'a str,
+    errors: Vec<PolicyError>,
+    /// (kind, id) → line of its first definition, to report duplicates.
+    seen: HashMap<(&'static str, String), usize>,
+}
+
+/// The ids that references may name.
+struct Known<'a> {
+    principals: &'a BTreeSet<&'a str>,
+    roots: &'a BTreeSet<&'a str>,
+}
+
+impl Validator<'_> {
+    fn error(&mut self, span: Range<usize>, message: String) {
+        self.errors
+            .push(PolicyError::at(self.file, self.text, span, message));
+    }
+
+    fn policy(&mut self, raw: RawPolicy, base_dir: &Path, generation: String) -> Policy {
+        let principals: Vec<Principal> = raw
+            .principal
+            .into_iter()
+            .map(|p| self.principal(p))
+            .collect();
+        let spanned_roots: Vec<(Root, Range<usize>)> =
+            raw.root.into_iter().map(|r| self.root(r)).collect();
+        self.no_nested_roots(&spanned_roots);
+        let roots: Vec<Root> = spanned_roots.into_iter().map(|(root, _)| root).collect();
+        let principal_ids: BTreeSet<&str> = principals.iter().map(|p| p.id.as_str()).collect();
+        let root_ids: BTreeSet<&str> = roots.iter().map(|r| r.id.as_str()).collect();
+        let known = Known {
+            principals: &principal_ids,
+            roots: &root_ids,
+        };
+        let grants = raw
+            .grant
+            .into_iter()
+            .map(|g| self.grant(g, &known))
+            .collect();
+        let tools = raw
+            .tool
+            .into_iter()
+            .map(|t| self.tool(t, base_dir))
+            .collect();
+        Policy {
+            generation,
+            principals,
+            roots,
+            grants,
+            tools,
+        }
+    }
+
+    fn principal(&mut self, raw: RawPrincipal) -> Principal {
+        let id = self.id("principal", &raw.id);
+        let public_key = raw.public_key.and_then(|key| {
+            let decoded = decode_base64(key.get_ref());
+            let bytes: Option<[u8; 32]> = decoded.and_then(|b| b.try_into().ok());
+            if bytes.is_none() {
+                self.error(
+                    key.span(),
+                    format!("principal `{id}`: public_key is not 32 bytes of base64"),
+                );
+            }
+            bytes
+        });
+        let token_sha256 = raw.token_hash.and_then(|hash| {
+            let parsed = parse_token_hash(hash.get_ref());
+            if parsed.is_none() {
+                self.error(
+                    hash.span(),
+                    format!("principal `{id}`: token_hash must be `sha256:` and 64 hex digits (see `portcullis token new`)"),
+                );
+            }
+            parsed
+        });
+        if public_key.is_none() && token_sha256.is_none() && !raw.disabled {
+            self.error(
+                raw.id.span(),
+                format!(
+                    "principal `{id}` has neither public_key nor token_hash, so nobody can be it"
+                ),
+            );
+        }
+        Principal {
+            id,
+            description: raw.description,
+            public_key,
+            token_sha256,
+            expires_at: raw.expires_at.map(|e| e.0),
+            disabled: raw.disabled,
+        }
+    }
+
+    /// The root, and the span of its virtual path for later checks.
+    fn root(&mut self, raw: RawRoot) -> (Root, Range<usize>) {
+        let id = self.id("root", &raw.id);
+        let host = Path::new(raw.path.get_ref());
+        let normal = host.is_absolute()
+            && host
+                .components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+            && !raw.path.get_ref().contains('\0');
+        if !normal {
+            self.error(
+                raw.path.span(),
+                format!("root `{id}`: path must be absolute, without `.` or `..`"),
+            );
+        } else if host == Path::new("/") {
+            self.error(
+                raw.path.span(),
+                format!("root `{id}`: path must not be `/`: grant a directory, not the whole host"),
+            );
+        }
+        if let Err(why) = check_virtual_root(raw.virtual_path.get_ref()) {
+            self.error(
+                raw.virtual_path.span(),
+                format!("root `{id}`: virtual_path {why}"),
+            );
+        }
+        let span = raw.virtual_path.span();
+        let root = Root {
+            id,
+            description: raw.description,
+            host_path: host.components().collect(),
+            virtual_path: raw.virtual_path.into_inner(),
+            follow_symlinks: raw.follow_symlinks,
+        };
+        (root, span)
+    }
+
+    /// Two roots whose virtual paths nest would make an absolute virtual
+    /// path ambiguous.
+    fn no_nested_roots(&mut self, roots: &[(Root, Range<usize>)]) {
+        for (i, (a, _)) in roots.iter().enumerate() {
+            for (b, span) in &roots[i + 1..] {
+                let (va, vb) = (
+                    format!("{}/", a.virtual_path),
+                    format!("{}/", b.virtual_path),
+                );
+                if va.starts_with(&vb) || vb.starts_with(&va) {
+                    self.error(
+                        span.clone(),
+                        format!(
+                            "roots `{}` and `{}` have nested virtual paths; make them disjoint",
+                            a.id, b.id
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    fn grant(&mut self, raw: RawGrant, known: &Known) -> Grant {
+        let id = self.id("grant", &raw.id);
+        let mut principals = Vec::new();
+        if raw.principals.get_ref().is_empty() {
+            self.error(
+                raw.principals.span(),
+                format!("grant `{id}`: principals is empty, so it grants nothing"),
+            );
+        }
+        for p in raw.principals.into_inner() {
+            if !known.principals.contains(p.get_ref().as_str()) {
+                self.error(
+                    p.span(),
+                    format!("grant `{id}`: principal `{}` is not defined", p.get_ref()),
+                );
+            }
+            principals.push(p.into_inner());
+        }
+        let mut fileops = BTreeMap::new();
+        for (root, mode) in raw.fileops {
+            self.known_root(&id, &root, known);
+            fileops.insert(root.into_inner(), mode);
+        }
+        let shell = raw.shell.map(|s| self.shell(&id, s, known));
+        let tools = raw.tools.map(|t| self.tools(&id, t));
+        let scripts = raw.scripts.map(scripts);
+        let resources = raw.resources.map(|r| ResourcesGrant {
+            max_resources: r.max_resources.unwrap_or(64),
+        });
+        if fileops.is_empty()
+            && shell.is_none()
+            && tools.is_none()
+            && scripts.is_none()
+            && resources.is_none()
+        {
+            self.error(raw.id.span(), format!("grant `{id}` grants no capability (add fileops, shell, tools, scripts or resources)"));
+        }
+        Grant {
+            id,
+            description: raw.description,
+            principals,
+            expires_at: raw.expires_at.map(|e| e.0),
+            fileops,
+            shell,
+            tools,
+            scripts,
+            resources,
+        }
+    }
+
+    fn known_root(&mut self, grant: &str, root: &Spanned<String>, known: &Known) {
+        if !known.roots.contains(root.get_ref().as_str()) {
+            self.error(
+                root.span(),
+                format!("grant `{grant}`: root `{}` is not defined", root.get_ref()),
+            );
+        }
+    }
+
+    fn shell(&mut self, grant: &str, raw: RawShell, known: &Known) -> ShellGrant {
+        let listed: Vec<Spanned<String>> = raw.commands.into_inner();
+        let commands = if listed.iter().any(|c| c.get_ref() == "*") {
+            CommandRule::Any
+        } else {
+            for c in &listed {
+                let bad = c.get_ref().is_empty()
+                    || c.get_ref().contains('\0')
+                    || (c.get_ref().contains('/') && !c.get_ref().starts_with('/'));
+                if bad {
+                    self.error(c.span(), format!("grant `{grant}`: command `{}` must be a bare program name or an absolute path", c.get_ref()));
+                }
+            }
+            CommandRule::Listed(listed.into_iter().map(Spanned::into_inner).collect())
+        };
+        for root in &raw.cwd_roots {
+            self.known_root(grant, root, known);
+        }
+        for name in raw.env_allow.iter().chain(raw.env_set.keys()) {
+            if !valid_env_name(name.get_ref()) {
+                self.error(
+                    name.span(),
+                    format!(
+                        "grant `{grant}`: `{}` is not a valid environment variable name",
+                        name.get_ref()
+                    ),
+                );
+            }
+        }
+        let max_processes = raw.max_processes.map(|m| {
+            if *m.get_ref() == 0 {
+                self.error(
+                    m.span(),
+                    format!("grant `{grant}`: max_processes must be at least 1"),
+                );
+            }
+            m.into_inner()
+        });
+        ShellGrant {
+            commands,
+            cwd_roots: raw.cwd_roots.into_iter().map(Spanned::into_inner).collect(),
+            env_allow: raw.env_allow.into_iter().map(Spanned::into_inner).collect(),
+            env_set: raw
+                .env_set
+                .into_iter()
+                .map(|(k, v)| (k.into_inner(), v))
+                .collect(),
+            max_runtime: raw
+                .max_runtime
+                .map_or(std::time::Duration::from_secs(600), |d| d.0),
+            output_limit: raw.output_limit.map_or(16 << 20, |s| s.0),
+            pty: raw.pty,
+            network: raw.network.unwrap_or(Network::Deny),
+            max_processes: max_processes.unwrap_or(4),
+            persist: raw.persist,
+        }
+    }
+
+    fn tools(&mut self, grant: &str, raw: RawTools) -> ToolsGrant {
+        let mut builder = globset::GlobSetBuilder::new();
+        for pattern in &raw.allow {
+            if let Some(glob) = self.glob(grant, pattern) {
+                builder.add(glob);
+            }
+        }
+        let allow_set = builder
+            .build()
+            .unwrap_or_else(|_| globset::GlobSet::empty());
+        let mut approval = Vec::new();
+        let mut approval_matchers = Vec::new();
+        for (pattern, policy) in raw.approval {
+            if let Some(glob) = self.glob(grant, &pattern) {
+                approval_matchers.push(glob.compile_matcher());
+                approval.push((pattern.into_inner(), policy));
+            }
+        }
+        ToolsGrant {
+            allow: raw.allow.into_iter().map(Spanned::into_inner).collect(),
+            allow_set,
+            approval,
+            approval_matchers,
+        }
+    }
+
+    fn glob(&mut self, grant: &str, pattern: &Spanned<String>) -> Option<globset::Glob> {
+        match globset::GlobBuilder::new(pattern.get_ref())
+            .literal_separator(true)
+            .build()
+        {
+            Ok(glob) => Some(glob),
+            Err(e) => {
+                self.error(
+                    pattern.span(),
+                    format!(
+                        "grant `{grant}`: tool pattern `{}`: {}",
+                        pattern.get_ref(),
+                        e.kind()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn tool(&mut self, raw: RawTool, base_dir: &Path) -> Tool {
+        let name = self.id("tool", &raw.name);
+        let schema =
+            serde_json::to_value(raw.input_schema.get_ref()).unwrap_or(serde_json::Value::Null);
+        if let Err(e) = jsonschema::validator_for(&schema) {
+            self.error(
+                raw.input_schema.span(),
+                format!("tool `{name}`: input_schema is not a valid JSON Schema: {e}"),
+            );
+        }
+        let script = Path::new(raw.script.get_ref());
+        if raw.script.get_ref().is_empty() || script.components().any(|c| c == Component::ParentDir)
+        {
+            self.error(
+                raw.script.span(),
+                format!("tool `{name}`: script must be a path without `..`"),
+            );
+        }
+        let script = if script.is_absolute() {
+            script.to_path_buf()
+        } else {
+            base_dir.join(script)
+        };
+        let mut secrets = Vec::new();
+        for secret in raw.secrets {
+            if !valid_id(secret.get_ref()) {
+                self.error(
+                    secret.span(),
+                    format!(
+                        "tool `{name}`: secret name `{}` must be {ID_RULE}",
+                        secret.get_ref()
+                    ),
+                );
+            }
+            secrets.push(secret.into_inner());
+        }
+        Tool {
+            name,
+            title: raw.title,
+            description: raw.description,
+            input_schema: schema,
+            risk: raw.risk,
+            approval_policy: raw.approval_policy,
+            script,
+            secrets,
+        }
+    }
+
+    /// Checks an id's form and uniqueness within its kind.
+    fn id(&mut self, kind: &'static str, id: &Spanned<String>) -> String {
+        let text = id.get_ref();
+        if !valid_id(text) {
+            self.error(id.span(), format!("{kind} id `{text}` must be {ID_RULE}"));
+        }
+        let line = line_column(self.text, id.span().start).0;
+        match self.seen.get(&(kind, text.clone())) {
+            Some(first) => {
+                let first = *first;
+                self.error(
+                    id.span(),
+                    format!("{kind} `{text}` is defined twice (first on line {first})"),
+                );
+            }
+            None => {
+                self.seen.insert((kind, text.clone()), line);
+            }
+        }
+        text.clone()
+    }
+}
+
+fn scripts(raw: RawScripts) -> ScriptLimits {
+    let d = ScriptLimits::DEFAULT;
+    ScriptLimits {
+        max_operations: raw.max_operations.unwrap_or(d.max_operations),
+        max_wall_time: raw.max_wall_time.map_or(d.max_wall_time, |v| v.0),
+        max_string_size: raw.max_string_size.map_or(d.max_string_size, |v| v.0),
+        max_array_len: raw.max_array_len.unwrap_or(d.max_array_len),
+        max_map_len: raw.max_map_len.unwrap_or(d.max_map_len),
+        max_call_depth: raw.max_call_depth.unwrap_or(d.max_call_depth),
+        max_tool_calls: raw.max_tool_calls.unwrap_or(d.max_tool_calls),
+        max_output: raw.max_output.map_or(d.max_output, |v| v.0),
+    }
+}
+
+const ID_RULE: &str = "1 to 64 characters of a-z, A-Z, 0-9, `_`, `-` and `.`";
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+}
+
+fn valid_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn decode_base64(text: &str) -> Option<Vec<u8>> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
+    let text = text.trim();
+    STANDARD
+        .decode(text)
+        .or_else(|_| STANDARD_NO_PAD.decode(text))
+        .ok()
+}
+
+/// `sha256:` followed by 64 hex digits.
+pub(crate) fn parse_token_hash(text: &str) -> Option<[u8; 32]> {
+    let digits = text.strip_prefix("sha256:")?;
+    if digits.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(digits.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+pub(crate) fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}

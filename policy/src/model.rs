@@ -1,0 +1,248 @@
+//! The validated policy: every reference resolved, every value in range.
+//! Built only by `load.rs`; read by `decide.rs` and by the daemon.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// A loaded, validated policy file.
+#[derive(Debug)]
+pub struct Policy {
+    /// SHA-256 (hex) of the file's bytes: identifies this version of the
+    /// policy in the audit log.
+    pub generation: String,
+    pub principals: Vec<Principal>,
+    pub roots: Vec<Root>,
+    pub grants: Vec<Grant>,
+    pub tools: Vec<Tool>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub id: String,
+    pub description: Option<String>,
+    pub public_key: Option<[u8; 32]>,
+    /// SHA-256 of the bearer token; the token itself is never stored.
+    pub token_sha256: Option<[u8; 32]>,
+    pub expires_at: Option<jiff::Timestamp>,
+    pub disabled: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Root {
+    pub id: String,
+    pub description: Option<String>,
+    /// Absolute and lexically normalised. Its existence is not checked here
+    /// (the policy crate reads no file but the policy): see `portcullis doctor`.
+    pub host_path: PathBuf,
+    /// What clients see, e.g. `/workspace/main`.
+    pub virtual_path: String,
+    pub follow_symlinks: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Grant {
+    pub id: String,
+    pub description: Option<String>,
+    pub principals: Vec<String>,
+    pub expires_at: Option<jiff::Timestamp>,
+    /// Root id → mode.
+    pub fileops: BTreeMap<String, Mode>,
+    pub shell: Option<ShellGrant>,
+    pub tools: Option<ToolsGrant>,
+    pub scripts: Option<ScriptLimits>,
+    pub resources: Option<ResourcesGrant>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Ro,
+    Rw,
+}
+
+#[derive(Debug, Clone)]
+pub struct ShellGrant {
+    pub commands: CommandRule,
+    /// Roots a command may run in; empty means none (only the default cwd).
+    pub cwd_roots: Vec<String>,
+    pub env_allow: BTreeSet<String>,
+    pub env_set: BTreeMap<String, String>,
+    pub max_runtime: Duration,
+    pub output_limit: u64,
+    pub pty: bool,
+    pub network: Network,
+    pub max_processes: u32,
+    /// Whether processes survive the session that started them.
+    pub persist: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandRule {
+    Any,
+    /// Entries with a `/` match that exact program path; bare names match a
+    /// program requested by that bare name (resolved later through the
+    /// grant's `PATH`, which the operator controls).
+    Listed(BTreeSet<String>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone)]
+pub struct ToolsGrant {
+    /// Tool names or globs (`fmt_*`).
+    pub allow: Vec<String>,
+    pub(crate) allow_set: globset::GlobSet,
+    /// Glob → stricter approval policy, in file order.
+    pub approval: Vec<(String, ApprovalPolicy)>,
+    pub(crate) approval_matchers: Vec<globset::GlobMatcher>,
+}
+
+/// Limits for `script.run`. A request may ask for less, never more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScriptLimits {
+    pub max_operations: u64,
+    #[serde(with = "seconds")]
+    pub max_wall_time: Duration,
+    pub max_string_size: u64,
+    pub max_array_len: u64,
+    pub max_map_len: u64,
+    pub max_call_depth: u64,
+    pub max_tool_calls: u64,
+    pub max_output: u64,
+}
+
+impl ScriptLimits {
+    pub const DEFAULT: Self = Self {
+        max_operations: 10_000_000,
+        max_wall_time: Duration::from_secs(10),
+        max_string_size: 1 << 20,
+        max_array_len: 100_000,
+        max_map_len: 100_000,
+        max_call_depth: 64,
+        max_tool_calls: 1_000,
+        max_output: 1 << 20,
+    };
+
+    /// The tighter of each limit.
+    pub fn min(self, other: Self) -> Self {
+        Self {
+            max_operations: self.max_operations.min(other.max_operations),
+            max_wall_time: self.max_wall_time.min(other.max_wall_time),
+            max_string_size: self.max_string_size.min(other.max_string_size),
+            max_array_len: self.max_array_len.min(other.max_array_len),
+            max_map_len: self.max_map_len.min(other.max_map_len),
+            max_call_depth: self.max_call_depth.min(other.max_call_depth),
+            max_tool_calls: self.max_tool_calls.min(other.max_tool_calls),
+            max_output: self.max_output.min(other.max_output),
+        }
+    }
+}
+
+mod seconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourcesGrant {
+    pub max_resources: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tool {
+    pub name: String,
+    pub title: Option<String>,
+    pub description: String,
+    /// A JSON Schema (checked to compile when the policy loads).
+    pub input_schema: serde_json::Value,
+    pub risk: Risk,
+    pub approval_policy: ApprovalPolicy,
+    /// The Rhai script; a relative path is taken from the policy file's
+    /// directory.
+    pub script: PathBuf,
+    /// Names of secrets this tool may read.
+    pub secrets: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Risk {
+    Low,
+    Medium,
+    High,
+    Critical,
+}
+
+/// How a tool call is approved, in order of strictness: when policies meet,
+/// the later (stricter) one wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalPolicy {
+    /// Runs without asking.
+    Allow,
+    /// Asks once per principal and tool; the answer is remembered.
+    AskOnce,
+    /// Asks once per `run_id` of the request context.
+    AskOncePerRun,
+    /// Asks every time.
+    AlwaysAsk,
+    /// Never runs.
+    Block,
+}
+
+impl ApprovalPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::AskOnce => "ask_once",
+            Self::AskOncePerRun => "ask_once_per_run",
+            Self::AlwaysAsk => "always_ask",
+            Self::Block => "block",
+        }
+    }
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ro => "ro",
+            Self::Rw => "rw",
+        }
+    }
+}
+
+impl Policy {
+    pub fn principal(&self, id: &str) -> Option<&Principal> {
+        self.principals.iter().find(|p| p.id == id)
+    }
+
+    pub fn root(&self, id: &str) -> Option<&Root> {
+        self.roots.iter().find(|r| r.id == id)
+    }
+
+    pub fn grant(&self, id: &str) -> Option<&Grant> {
+        self.grants.iter().find(|g| g.id == id)
+    }
+
+    pub fn tool(&self, name: &str) -> Option<&Tool> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+}

@@ -1,0 +1,72 @@
+//! Sizes and durations as operators write them: `"16 MiB"`, `"10m"`, or
+//! plain integers (bytes, seconds).
+
+use std::time::Duration;
+
+/// Parses `"512"`, `"64 KiB"`, `"16MiB"`, `"1 GB"` into bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size like `16 MiB`"))?;
+    let multiplier: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` (use B, KiB, MiB, GiB, KB, MB or GB)"
+            ));
+        }
+    };
+    number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+/// Parses `"90s"`, `"10m"`, `"1h 30m"` (jiff's friendly format) into a
+/// duration; negative durations are refused.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let signed: jiff::SignedDuration = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like `90s`, `10m` or `1h 30m`"))?;
+    Duration::try_from(signed).map_err(|_| format!("`{text}` is negative"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("64 KiB"), Ok(65536));
+        assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_size("1 GB"), Ok(1_000_000_000));
+        assert!(
+            parse_size("1 PiB")
+                .unwrap_err()
+                .contains("unknown size unit")
+        );
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999999999999 GiB").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert!(parse_duration("-5s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+}

@@ -1,0 +1,17 @@
+//! The command-line verbs. `main.rs` parses arguments; each verb lives in a
+//! module here and returns an exit code.
+
+pub mod keys;
+pub mod policy;
+
+use std::process::ExitCode;
+
+/// Exit status for "the command ran, but the answer is no" (e.g. a denied
+/// `policy explain`), distinct from 1 for errors.
+pub const EXIT_NO: u8 = 2;
+
+/// Prints an error the way every verb does and returns exit code 1.
+pub fn fail(error: impl std::fmt::Display) -> ExitCode {
+    eprintln!("portcullis: {error}");
+    ExitCode::FAILURE
+}
