@@ -7,6 +7,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod channel;
+pub mod client;
+pub mod config;
 pub mod frame;
 pub mod keyfile;
 pub mod record;
+pub mod server;

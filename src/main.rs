@@ -31,6 +31,32 @@ enum Command {
     /// Check a policy file and explain its decisions.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Run the gateway until SIGTERM; SIGHUP reloads the policy.
+    #[command(
+        after_help = "Try it locally: portcullis serve --demo (creates ./portcullis-demo once)"
+    )]
+    Serve {
+        /// The configuration file.
+        #[arg(
+            long,
+            default_value = "/etc/portcullis/portcullis.toml",
+            conflicts_with = "demo"
+        )]
+        config: PathBuf,
+        /// Create (once) and run a local demo gateway in DIR on 127.0.0.1:7443.
+        #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "portcullis-demo")]
+        demo: Option<PathBuf>,
+    },
+    /// Connect to a gateway and print its hello.
+    Connect(cli::connect::Target),
+    /// Connect to a gateway and measure relay ping round trips.
+    Ping {
+        #[command(flatten)]
+        target: cli::connect::Target,
+        /// How many pings.
+        #[arg(long, default_value_t = 3)]
+        count: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -85,5 +111,14 @@ fn main() -> ExitCode {
         Command::Keys(KeysCommand::Show { file, json }) => cli::keys::show(&file, json),
         Command::Policy(PolicyCommand::Check { file, json }) => cli::policy::check(&file, json),
         Command::Policy(PolicyCommand::Explain(args)) => cli::policy::explain(*args),
+        Command::Serve { config, demo: None } => cli::serve::serve(&config),
+        Command::Serve {
+            demo: Some(dir), ..
+        } => match cli::demo::prepare(&dir) {
+            Ok(config) => cli::serve::serve(&config),
+            Err(e) => cli::fail(e),
+        },
+        Command::Connect(target) => cli::connect::connect(target),
+        Command::Ping { target, count } => cli::connect::ping(target, count),
     }
 }

@@ -1,8 +1,11 @@
 //! The command-line verbs. `main.rs` parses arguments; each verb lives in a
 //! module here and returns an exit code.
 
+pub mod connect;
+pub mod demo;
 pub mod keys;
 pub mod policy;
+pub mod serve;
 
 use std::process::ExitCode;
 

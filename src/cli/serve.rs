@@ -1,0 +1,104 @@
+//! `portcullis serve`: run the gateway until SIGTERM. SIGHUP reloads the
+//! policy. `--demo DIR` first creates a working local setup in DIR.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use portcullis::config::Config;
+use portcullis::keyfile;
+use portcullis::server::{self, Gateway};
+use portcullis_policy::load_file;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{error, info, warn};
+
+use crate::cli::fail;
+
+pub fn serve(config: &Path) -> ExitCode {
+    init_logging();
+    let config = match Config::load(config) {
+        Ok(config) => config,
+        Err(e) => return fail(e),
+    };
+    let key = match keyfile::load(&config.key_file) {
+        Ok(key) => key,
+        Err(e) => {
+            return fail(format!(
+                "{e}\n(create one with `portcullis keys generate {}`)",
+                config.key_file.display()
+            ));
+        }
+    };
+    let policy = match load_file(&config.policy) {
+        Ok(policy) => policy,
+        Err(errors) => return fail(format!("the policy does not load:\n{errors}")),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+    };
+    runtime.block_on(run(Arc::new(Gateway::new(config, key, policy))))
+}
+
+async fn run(gateway: Arc<Gateway>) -> ExitCode {
+    let listeners = match server::bind(&gateway).await {
+        Ok(listeners) => listeners,
+        Err(e) => return fail(e),
+    };
+    let (Ok(mut hangup), Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::hangup()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return fail("cannot install signal handlers");
+    };
+    let key = gateway.key.public();
+    info!(fingerprint = %key.fingerprint(), policy = %gateway.current_policy().generation, "gateway key {key}");
+    for listener in listeners {
+        // One line per address on stdout, for scripts and tests.
+        if let Ok(addr) = listener.local_addr() {
+            println!("listening on {addr}");
+        }
+        tokio::spawn(server::serve(gateway.clone(), listener));
+    }
+    loop {
+        tokio::select! {
+            _ = hangup.recv() => match gateway.reload_policy() {
+                Ok(generation) => info!(%generation, "policy reloaded"),
+                Err(errors) => error!("policy reload failed; keeping the old policy:\n{errors}"),
+            },
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    info!(sessions = gateway.sessions.count(), "shutting down");
+    gateway.shutdown.cancel();
+    // Sessions finish what is in flight (bounded by shutdown_grace), then close.
+    let deadline =
+        tokio::time::Instant::now() + gateway.config.limits.shutdown_grace + Duration::from_secs(3);
+    while gateway.sessions.count() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if gateway.sessions.count() > 0 {
+        warn!(
+            sessions = gateway.sessions.count(),
+            "sessions still open at exit"
+        );
+    }
+    info!("stopped");
+    ExitCode::SUCCESS
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,481 @@
+//! The Rust client library: connect to a gateway with a pinned key, read
+//! its `hello`, accept capabilities, and make requests (with streaming and
+//! cancellation). The bundled CLI and the end-to-end tests use it.
+//!
+//! ```no_run
+//! # async fn demo(gateway_key: portcullis_crypto::PublicKey) -> Result<(), portcullis::client::ClientError> {
+//! use portcullis::client::{Client, ClientOptions};
+//! let identity = portcullis_crypto::StaticKeypair::generate().unwrap();
+//! let client = Client::connect(ClientOptions::new("ws://127.0.0.1:7443", gateway_key, identity)).await?;
+//! client.accept_all().await?;
+//! let resources = client.request("resource.list", serde_json::json!({})).await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use portcullis_crypto::{PublicKey, StaticKeypair};
+use serde_json::{Map, Value, json};
+use thiserror::Error;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use zeroize::Zeroizing;
+
+use crate::channel::{self, ChannelError, RELAY_PATH, ws_config};
+use crate::frame::{
+    Cancel, ErrorBody, Event, Frame, Heartbeat, Hello, Request, RequestId, Response,
+};
+use crate::record::{self, Channel, Record};
+
+pub struct ClientOptions {
+    /// `ws://host:port`, optionally with the relay path.
+    pub url: String,
+    /// The gateway's static key: the handshake stops before sending
+    /// credentials if the gateway proves another one.
+    pub gateway_key: PublicKey,
+    /// This client's static key (the principal's identity, unless a token is
+    /// given).
+    pub identity: StaticKeypair,
+    pub token: Option<Zeroizing<String>>,
+    pub timeout: Duration,
+}
+
+impl ClientOptions {
+    pub fn new(url: &str, gateway_key: PublicKey, identity: StaticKeypair) -> Self {
+        Self {
+            url: url.to_string(),
+            gateway_key,
+            identity,
+            token: None,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("invalid gateway URL `{0}`: expected ws://HOST:PORT[/api/v1/relay/connect]")]
+    Url(String),
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("WebSocket upgrade failed: {0}")]
+    Upgrade(String),
+    #[error("{0}")]
+    Channel(#[from] ChannelError),
+    #[error("protocol: {0}")]
+    Protocol(String),
+    #[error("timed out")]
+    Timeout,
+    #[error("{}: {}", serde_json::to_value(.0.code).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(), .0.message)]
+    Remote(ErrorBody),
+    #[error("disconnected: {0}")]
+    Disconnected(String),
+}
+
+/// Something that arrived for a request before its response.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamItem {
+    Stream { event: String, data: Value },
+    Chunk { channel: Channel, data: Vec<u8> },
+}
+
+struct Pending {
+    response: oneshot::Sender<Response>,
+    stream: mpsc::Sender<StreamItem>,
+}
+
+#[derive(Default)]
+struct Shared {
+    pending: HashMap<RequestId, Pending>,
+    pings: HashMap<String, oneshot::Sender<()>>,
+}
+
+pub struct Client {
+    hello: Hello,
+    gateway_info: Value,
+    outbox: mpsc::Sender<Vec<u8>>,
+    shared: Arc<Mutex<Shared>>,
+    events: tokio::sync::Mutex<mpsc::Receiver<Event>>,
+    next_id: AtomicU64,
+    closed: watch::Receiver<Option<String>>,
+}
+
+impl Client {
+    /// Connects, runs the handshake and reads the gateway's `hello`.
+    pub async fn connect(options: ClientOptions) -> Result<Self, ClientError> {
+        let limit = options.timeout;
+        tokio::time::timeout(limit, Self::connect_inner(options))
+            .await
+            .map_err(|_| ClientError::Timeout)?
+    }
+
+    async fn connect_inner(options: ClientOptions) -> Result<Self, ClientError> {
+        let (addr, url) = parse_url(&options.url)?;
+        let tcp = TcpStream::connect(&addr)
+            .await
+            .map_err(|source| ClientError::Connect {
+                addr: addr.clone(),
+                source,
+            })?;
+        let _ = tcp.set_nodelay(true);
+        let request = url
+            .as_str()
+            .into_client_request()
+            .map_err(|e| ClientError::Upgrade(e.to_string()))?;
+        let (ws, _) = tokio_tungstenite::client_async_with_config(request, tcp, Some(ws_config()))
+            .await
+            .map_err(|e| ClientError::Upgrade(e.to_string()))?;
+        let credentials = match &options.token {
+            Some(token) => {
+                Zeroizing::new(json!({ "token": token.as_str() }).to_string().into_bytes())
+            }
+            None => Zeroizing::new(b"{}".to_vec()),
+        };
+        let connected =
+            channel::connect(ws, &options.identity, options.gateway_key, &credentials).await?;
+        let gateway_info = serde_json::from_slice(&connected.gateway_info).unwrap_or(Value::Null);
+        let (mut writer, mut reader) = (connected.writer, connected.reader);
+
+        let first = reader.recv().await?;
+        let hello = match record::decode(&first) {
+            Ok(Record::Frame(Frame::Hello(hello))) => hello,
+            Ok(other) => {
+                return Err(ClientError::Protocol(format!(
+                    "expected hello first, got {other:?}"
+                )));
+            }
+            Err(e) => return Err(ClientError::Protocol(format!("expected hello first: {e}"))),
+        };
+
+        let (outbox, mut outbox_rx) = mpsc::channel::<Vec<u8>>(64);
+        let (events_tx, events_rx) = mpsc::channel(256);
+        let (closed_tx, closed) = watch::channel(None);
+        let shared = Arc::new(Mutex::new(Shared::default()));
+
+        tokio::spawn(async move {
+            while let Some(rec) = outbox_rx.recv().await {
+                let flush = outbox_rx.is_empty();
+                if writer.send(rec, flush).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let (reader_shared, reader_outbox) = (shared.clone(), outbox.clone());
+        tokio::spawn(async move {
+            let reason = loop {
+                match reader.recv().await {
+                    Ok(plaintext) => {
+                        route(&plaintext, &reader_shared, &events_tx, &reader_outbox).await
+                    }
+                    Err(e) => break e.to_string(),
+                }
+            };
+            // Dropping the senders fails every pending request.
+            if let Ok(mut shared) = reader_shared.lock() {
+                shared.pending.clear();
+                shared.pings.clear();
+            }
+            let _ = closed_tx.send(Some(reason));
+        });
+        Ok(Self {
+            hello,
+            gateway_info,
+            outbox,
+            shared,
+            events: tokio::sync::Mutex::new(events_rx),
+            next_id: AtomicU64::new(1),
+            closed,
+        })
+    }
+
+    pub fn hello(&self) -> &Hello {
+        &self.hello
+    }
+
+    /// The gateway's description from handshake message 2.
+    pub fn gateway_info(&self) -> &Value {
+        &self.gateway_info
+    }
+
+    /// Capabilities named in the hello.
+    pub fn offered(&self) -> Vec<String> {
+        self.hello.capabilities.keys().cloned().collect()
+    }
+
+    /// Sends `relay.accepted` for these capabilities.
+    pub async fn accept(&self, capabilities: &[&str]) -> Result<(), ClientError> {
+        let event = Event {
+            event: "relay.accepted".into(),
+            payload: json!({ "accepted_capabilities": capabilities }),
+        };
+        self.send(Frame::Event(event)).await
+    }
+
+    /// Accepts everything the hello offers.
+    pub async fn accept_all(&self) -> Result<(), ClientError> {
+        let offered = self.offered();
+        let names: Vec<&str> = offered.iter().map(String::as_str).collect();
+        self.accept(&names).await
+    }
+
+    /// Sends any frame as-is (tests use this to misbehave on purpose).
+    pub async fn send(&self, frame: Frame) -> Result<(), ClientError> {
+        let mut buf = Vec::new();
+        record::encode_frame(&frame, &mut buf).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.send_record(buf).await
+    }
+
+    /// Sends a plaintext record as-is, sealed.
+    pub async fn send_record(&self, record: Vec<u8>) -> Result<(), ClientError> {
+        self.outbox
+            .send(record)
+            .await
+            .map_err(|_| self.disconnected())
+    }
+
+    /// Starts a request with a fresh id.
+    pub async fn start(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> Result<RequestHandle<'_>, ClientError> {
+        let id = RequestId::new(format!("c{}", self.next_id.fetch_add(1, Ordering::Relaxed)))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.start_with_id(id, method, params).await
+    }
+
+    /// Starts a request with a chosen id.
+    pub async fn start_with_id(
+        &self,
+        id: RequestId,
+        method: &str,
+        params: Value,
+    ) -> Result<RequestHandle<'_>, ClientError> {
+        let params = match params {
+            Value::Object(map) => map,
+            Value::Null => Map::new(),
+            _ => return Err(ClientError::Protocol("params must be a JSON object".into())),
+        };
+        let (response_tx, response) = oneshot::channel();
+        let (stream_tx, stream) = mpsc::channel(256);
+        if let Ok(mut shared) = self.shared.lock() {
+            shared.pending.insert(
+                id.clone(),
+                Pending {
+                    response: response_tx,
+                    stream: stream_tx,
+                },
+            );
+        }
+        let request = Request {
+            id: id.clone(),
+            method: method.to_string(),
+            params,
+            context: None,
+        };
+        self.send(Frame::Request(request)).await?;
+        Ok(RequestHandle {
+            id,
+            client: self,
+            response,
+            stream,
+        })
+    }
+
+    /// A request and its result; stream items are discarded.
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+        self.start(method, params).await?.response().await
+    }
+
+    /// A relay-level ping; returns the round-trip time.
+    pub async fn ping(&self) -> Result<Duration, ClientError> {
+        let id = format!("p{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut shared) = self.shared.lock() {
+            shared.pings.insert(id.clone(), tx);
+        }
+        let started = Instant::now();
+        self.send(Frame::Ping(Heartbeat {
+            id: Some(id),
+            ts: Some(jiff::Timestamp::now().to_string()),
+        }))
+        .await?;
+        rx.await.map_err(|_| self.disconnected())?;
+        Ok(started.elapsed())
+    }
+
+    /// The next event from the gateway, or `None` after `wait`.
+    pub async fn next_event(&self, wait: Duration) -> Option<Event> {
+        let mut events = self.events.lock().await;
+        tokio::time::timeout(wait, events.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Resolves with the reason once the connection has ended.
+    pub async fn closed(&self) -> String {
+        let mut closed = self.closed.clone();
+        loop {
+            if let Some(reason) = closed.borrow_and_update().clone() {
+                return reason;
+            }
+            if closed.changed().await.is_err() {
+                return "the connection ended".into();
+            }
+        }
+    }
+
+    fn disconnected(&self) -> ClientError {
+        ClientError::Disconnected(
+            self.closed
+                .borrow()
+                .clone()
+                .unwrap_or_else(|| "the connection ended".into()),
+        )
+    }
+}
+
+/// One request in flight.
+pub struct RequestHandle<'c> {
+    pub id: RequestId,
+    client: &'c Client,
+    response: oneshot::Receiver<Response>,
+    stream: mpsc::Receiver<StreamItem>,
+}
+
+impl RequestHandle<'_> {
+    /// The next stream item, or `None` once the response has arrived.
+    pub async fn next(&mut self) -> Option<StreamItem> {
+        self.stream.recv().await
+    }
+
+    /// Asks the gateway to stop this request; its response says `cancelled`.
+    pub async fn cancel(&self) -> Result<(), ClientError> {
+        self.client
+            .send(Frame::Cancel(Cancel {
+                id: self.id.clone(),
+                reason: Some("user_cancelled".into()),
+            }))
+            .await
+    }
+
+    /// Waits for the terminal response.
+    pub async fn response(self) -> Result<Value, ClientError> {
+        let disconnected = || self.client.disconnected();
+        match self.response.await {
+            Ok(Response {
+                result: Some(result),
+                ..
+            }) => Ok(result),
+            Ok(Response {
+                error: Some(error), ..
+            }) => Err(ClientError::Remote(error)),
+            Ok(_) => Err(ClientError::Protocol(
+                "a response without result or error".into(),
+            )),
+            Err(_) => Err(disconnected()),
+        }
+    }
+}
+
+async fn route(
+    plaintext: &[u8],
+    shared: &Mutex<Shared>,
+    events: &mpsc::Sender<Event>,
+    outbox: &mpsc::Sender<Vec<u8>>,
+) {
+    let lock = || shared.lock().ok();
+    match record::decode(plaintext) {
+        Ok(Record::Frame(Frame::Response(response))) => {
+            if let Some(pending) = lock().and_then(|mut s| s.pending.remove(&response.id)) {
+                let _ = pending.response.send(response);
+            }
+        }
+        Ok(Record::Frame(Frame::Stream(stream))) => {
+            let sender = lock().and_then(|s| s.pending.get(&stream.id).map(|p| p.stream.clone()));
+            if let Some(sender) = sender {
+                let _ = sender
+                    .send(StreamItem::Stream {
+                        event: stream.event,
+                        data: stream.data,
+                    })
+                    .await;
+            }
+        }
+        Ok(Record::Chunk(chunk)) => {
+            let id = RequestId::new(chunk.request_id).ok();
+            let sender =
+                id.and_then(|id| lock().and_then(|s| s.pending.get(&id).map(|p| p.stream.clone())));
+            if let Some(sender) = sender {
+                let _ = sender
+                    .send(StreamItem::Chunk {
+                        channel: chunk.channel,
+                        data: chunk.data.to_vec(),
+                    })
+                    .await;
+            }
+        }
+        Ok(Record::Frame(Frame::Event(event))) => {
+            let _ = events.try_send(event);
+        }
+        Ok(Record::Frame(Frame::Ping(beat))) => {
+            let mut buf = Vec::new();
+            if record::encode_frame(&Frame::Pong(beat), &mut buf).is_ok() {
+                let _ = outbox.send(buf).await;
+            }
+        }
+        Ok(Record::Frame(Frame::Pong(beat))) => {
+            if let Some(waiter) = beat
+                .id
+                .and_then(|id| lock().and_then(|mut s| s.pings.remove(&id)))
+            {
+                let _ = waiter.send(());
+            }
+        }
+        Ok(Record::Frame(_)) | Err(_) => {}
+    }
+}
+
+/// `ws://host:port[/path]` → (`host:port`, full URL with the relay path).
+fn parse_url(url: &str) -> Result<(String, String), ClientError> {
+    let rest = url
+        .strip_prefix("ws://")
+        .ok_or_else(|| ClientError::Url(url.to_string()))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if authority.is_empty() || !authority.contains(':') {
+        return Err(ClientError::Url(url.to_string()));
+    }
+    let path = if path.is_empty() || path == "/" {
+        RELAY_PATH
+    } else {
+        path
+    };
+    Ok((authority.to_string(), format!("ws://{authority}{path}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_url;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_url("ws://127.0.0.1:7443").unwrap().1,
+            "ws://127.0.0.1:7443/api/v1/relay/connect"
+        );
+        assert_eq!(parse_url("ws://h:1/api/v1/relay/connect").unwrap().0, "h:1");
+        assert!(parse_url("wss://h:1").is_err());
+        assert!(parse_url("ws://nohost").is_err());
+    }
+}

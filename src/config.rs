@@ -1,0 +1,175 @@
+//! The daemon's configuration file (`portcullis.toml`), documented in
+//! `docs/OPERATIONS.md`. Relative paths are taken from the file's directory.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+use thiserror::Error;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub provider_id: String,
+    pub listen: Vec<SocketAddr>,
+    pub key_file: PathBuf,
+    pub policy: PathBuf,
+    pub state_dir: PathBuf,
+    pub admin_socket: PathBuf,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Open TCP connections at once (handshaking or not).
+    pub max_connections: usize,
+    /// Authenticated sessions of one principal at once.
+    pub max_sessions_per_principal: usize,
+    /// Requests of one session in flight at once.
+    pub max_in_flight: usize,
+    /// Time to send the HTTP request head.
+    #[serde(deserialize_with = "duration")]
+    pub header_timeout: Duration,
+    /// Time from the WebSocket upgrade to `relay.accepted`.
+    #[serde(deserialize_with = "duration")]
+    pub handshake_timeout: Duration,
+    /// Silence after which the gateway pings; twice this closes the session.
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    /// How long SIGTERM waits for requests in flight.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            max_sessions_per_principal: 64,
+            max_in_flight: 64,
+            header_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    portcullis_policy::units::parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default = "default_provider_id")]
+    provider_id: String,
+    listen: Vec<SocketAddr>,
+    key_file: PathBuf,
+    policy: PathBuf,
+    state_dir: PathBuf,
+    admin_socket: PathBuf,
+    #[serde(default)]
+    limits: Limits,
+}
+
+fn default_provider_id() -> String {
+    "portcullis".to_string()
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}:{line}:{column}: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("config {path}: {message}")]
+    Value { path: PathBuf, message: String },
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let offset = e.span().map_or(0, |s| s.start);
+            let before = &text[..offset.min(text.len())];
+            ConfigError::Invalid {
+                path: path.into(),
+                line: before.matches('\n').count() + 1,
+                column: before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1,
+                message: e.message().to_string(),
+            }
+        })?;
+        let value_error = |message: &str| ConfigError::Value {
+            path: path.into(),
+            message: message.to_string(),
+        };
+        if raw.listen.is_empty() {
+            return Err(value_error(
+                "`listen` needs at least one address, e.g. [\"127.0.0.1:7443\"]",
+            ));
+        }
+        let l = raw.limits;
+        if l.max_connections == 0 || l.max_sessions_per_principal == 0 || l.max_in_flight == 0 {
+            return Err(value_error("limits must be at least 1"));
+        }
+        let base = path.parent().unwrap_or(Path::new("."));
+        let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        Ok(Self {
+            provider_id: raw.provider_id,
+            listen: raw.listen,
+            key_file: resolve(raw.key_file),
+            policy: resolve(raw.policy),
+            state_dir: resolve(raw.state_dir),
+            admin_socket: resolve(raw.admin_socket),
+            limits: raw.limits,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_with_defaults_and_relative_paths() {
+        let text = r#"
+listen = ["127.0.0.1:7443"]
+key_file = "gateway.key"
+policy = "/etc/portcullis/policy.toml"
+state_dir = "state"
+admin_socket = "admin.sock"
+[limits]
+idle_timeout = "30s"
+"#;
+        let c = Config::parse(text, Path::new("/etc/portcullis/portcullis.toml")).unwrap();
+        assert_eq!(c.key_file, Path::new("/etc/portcullis/gateway.key"));
+        assert_eq!(c.policy, Path::new("/etc/portcullis/policy.toml"));
+        assert_eq!(c.limits.idle_timeout, Duration::from_secs(30));
+        assert_eq!(c.limits.max_in_flight, 64);
+        assert_eq!(c.provider_id, "portcullis");
+    }
+
+    #[test]
+    fn errors_have_positions() {
+        let err = Config::parse("listen = []\nbogus = 1\n", Path::new("c.toml")).unwrap_err();
+        assert!(err.to_string().contains("c.toml:2:1"), "{err}");
+    }
+}

@@ -1,0 +1,169 @@
+//! From a decoded request to the policy's [`Query`]: which of its params
+//! matter to the decision. A param of the wrong type is `invalid_request`
+//! here, before policy sees it.
+
+use portcullis_policy::{Query, Target};
+use serde_json::{Map, Value};
+
+use crate::frame::{ErrorBody, ErrorCode, Request};
+
+pub fn query_for(request: &Request) -> Result<Query, ErrorBody> {
+    let p = &request.params;
+    let method = request.method.as_str();
+    let target = match method {
+        "file.move" | "file.copy" => {
+            let root = string(p, "root_id")?;
+            let to_root = optional_string(p, "to_root_id")?.unwrap_or_else(|| root.clone());
+            Target::Transfer {
+                from: (root, string(p, "path")?),
+                to: (to_root, string(p, "to_path")?),
+            }
+        }
+        m if m.starts_with("file.") => Target::Path {
+            root: string(p, "root_id")?,
+            path: string(p, "path")?,
+        },
+        "shell.exec" | "shell.start" => {
+            let program = match p.get("command") {
+                Some(Value::Array(argv)) => match argv.first() {
+                    Some(Value::String(program)) => program.clone(),
+                    _ => return Err(invalid("`command` must be a non-empty array of strings")),
+                },
+                _ => {
+                    return Err(invalid(
+                        "`command` (an array of strings: program and arguments) is required",
+                    ));
+                }
+            };
+            let cwd = match optional_string(p, "root_id")? {
+                Some(root) => Some((root, optional_string(p, "cwd")?.unwrap_or_default())),
+                None => None,
+            };
+            let env = match p.get("env") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Object(vars)) => vars
+                    .iter()
+                    .map(|(k, v)| match v {
+                        Value::String(v) => Ok((k.clone(), v.clone())),
+                        _ => Err(invalid("`env` values must be strings")),
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(_) => return Err(invalid("`env` must be an object of strings")),
+            };
+            let pty = matches!(p.get("pty"), Some(Value::Bool(true)));
+            Target::Command {
+                program,
+                cwd,
+                env,
+                pty,
+            }
+        }
+        "tool.call" => Target::Tool {
+            name: string(p, "name")?,
+        },
+        "script.run" => Target::Script { requested: None },
+        _ => Target::None,
+    };
+    Ok(Query {
+        method: request.method.clone(),
+        target,
+    })
+}
+
+fn invalid(message: &str) -> ErrorBody {
+    ErrorBody::new(ErrorCode::InvalidRequest, message)
+}
+
+fn string(params: &Map<String, Value>, key: &str) -> Result<String, ErrorBody> {
+    optional_string(params, key)?.ok_or_else(|| invalid(&format!("`{key}` (a string) is required")))
+}
+
+fn optional_string(params: &Map<String, Value>, key: &str) -> Result<Option<String>, ErrorBody> {
+    match params.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(invalid(&format!("`{key}` must be a string"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::RequestId;
+    use serde_json::json;
+
+    fn request(method: &str, params: Value) -> Request {
+        let Value::Object(params) = params else {
+            panic!()
+        };
+        Request {
+            id: RequestId::new("r").unwrap(),
+            method: method.into(),
+            params,
+            context: None,
+        }
+    }
+
+    #[test]
+    fn maps_params_to_targets() {
+        let q = query_for(&request(
+            "file.read",
+            json!({"root_id": "main", "path": "a"}),
+        ))
+        .unwrap();
+        assert_eq!(
+            q.target,
+            Target::Path {
+                root: "main".into(),
+                path: "a".into()
+            }
+        );
+        let q = query_for(&request(
+            "file.move",
+            json!({"root_id": "main", "path": "a", "to_path": "b"}),
+        ))
+        .unwrap();
+        assert_eq!(
+            q.target,
+            Target::Transfer {
+                from: ("main".into(), "a".into()),
+                to: ("main".into(), "b".into())
+            }
+        );
+        let q = query_for(&request(
+            "shell.exec",
+            json!({"command": ["git", "status"], "env": {"LANG": "C"}}),
+        ))
+        .unwrap();
+        assert_eq!(
+            q.target,
+            Target::Command {
+                program: "git".into(),
+                cwd: None,
+                env: vec![("LANG".into(), "C".into())],
+                pty: false
+            }
+        );
+        assert_eq!(
+            query_for(&request("resource.list", json!({})))
+                .unwrap()
+                .target,
+            Target::None
+        );
+    }
+
+    #[test]
+    fn wrong_types_are_invalid_requests() {
+        for (method, params) in [
+            ("file.read", json!({"root_id": "main"})),
+            ("file.read", json!({"root_id": 7, "path": "a"})),
+            ("shell.exec", json!({"command": "git status"})),
+            ("shell.exec", json!({"command": []})),
+            ("shell.exec", json!({"command": ["ls"], "env": {"A": 1}})),
+            ("tool.call", json!({})),
+        ] {
+            let err = query_for(&request(method, params.clone())).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidRequest, "{method} {params}");
+        }
+    }
+}

@@ -1,0 +1,697 @@
+//! One session, from the WebSocket upgrade to its close:
+//!
+//! 1. Noise handshake (bounded by `handshake_timeout`);
+//! 2. authenticate: a token in message 3, else the client's static key;
+//! 3. `hello` advertising only what the principal is granted;
+//! 4. wait for the event `relay.accepted`;
+//! 5. decode → decide → execute → respond, for every request, while
+//!    watching policy reloads, expiry, the pause switch, operator kills and
+//!    shutdown.
+//!
+//! Writing happens in a separate task fed by a bounded outbox, so a slow
+//! peer slows only its own session.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use portcullis_policy::{
+    Capability, Denial, Policy, Summary, Verdict, decide, principal_by_key, principal_by_token,
+    principal_status, summary,
+};
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::channel::{self, ChannelError, RecordReader, RecordWriter};
+use crate::frame::{
+    self, ErrorBody, ErrorCode, Event, Frame, Heartbeat, Hello, PROTOCOL, Request, RequestId,
+    Response,
+};
+use crate::record::{self, Record, RecordError};
+use crate::server::dispatch::{Call, Outbound, Outbox, StreamSink};
+use crate::server::query::query_for;
+use crate::server::state::{Gateway, SessionInfo};
+
+/// Records queued for the writer before producers wait.
+const OUTBOX_CAPACITY: usize = 64;
+
+pub async fn run<S>(gateway: Arc<Gateway>, ws: WebSocketStream<S>, peer: SocketAddr)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let limits = gateway.config.limits;
+    let started = Instant::now();
+    let info = gateway_info(&gateway);
+    let accepted = match timeout(
+        limits.handshake_timeout,
+        channel::accept(ws, &gateway.key, &info),
+    )
+    .await
+    {
+        Ok(Ok(accepted)) => accepted,
+        Ok(Err(e)) => return debug!(%peer, "handshake failed: {e}"),
+        Err(_) => return debug!(%peer, "handshake timed out"),
+    };
+    let mut writer = accepted.writer;
+    let policy = gateway.current_policy();
+    let principal = match authenticate(&policy, &accepted.client_key, &accepted.credentials) {
+        Ok(principal) => principal,
+        Err(why) => {
+            warn!(%peer, key = %accepted.client_key.fingerprint(), "authentication refused: {why}");
+            return writer.close(true, "authentication failed").await;
+        }
+    };
+    let Some(guard) =
+        gateway
+            .sessions
+            .register(&principal, peer, limits.max_sessions_per_principal)
+    else {
+        warn!(%peer, %principal, "refused: too many sessions for this principal");
+        return writer
+            .close(true, "too many sessions for this principal")
+            .await;
+    };
+    info!(%peer, %principal, session = guard.info.id, "session authenticated");
+
+    let (outbox, outbox_rx) = mpsc::channel(OUTBOX_CAPACITY);
+    let writer_task = tokio::spawn(write_loop(writer, outbox_rx));
+    let granted = summary(&policy, &principal, jiff::Timestamp::now());
+    let hello = Hello {
+        protocol: PROTOCOL.to_string(),
+        provider_id: Some(gateway.config.provider_id.clone()),
+        client_id: Some(principal.clone()),
+        client_kind: Some("portcullis".into()),
+        client_version: Some(env!("CARGO_PKG_VERSION").into()),
+        instance_id: Some(gateway.instance_id.clone()),
+        capabilities: capabilities_json(&policy, &granted),
+    };
+    let mut session = Session {
+        gateway: gateway.clone(),
+        principal,
+        info: guard.info.clone(),
+        outbox: outbox.clone(),
+        in_flight: HashMap::new(),
+        accepted: None,
+        granted,
+        end_reason: Arc::new(OnceLock::new()),
+    };
+    if outbox
+        .send(Outbound::Frame(Frame::Hello(hello)))
+        .await
+        .is_ok()
+    {
+        session.serve(accepted.reader, started).await;
+    }
+    drop(session);
+    drop(outbox);
+    // The writer ends after the close frame, or when the peer stops reading.
+    let mut writer_task = writer_task;
+    if timeout(Duration::from_secs(5), &mut writer_task)
+        .await
+        .is_err()
+    {
+        writer_task.abort();
+    }
+    drop(guard);
+}
+
+/// Message 2's payload: who this gateway is.
+fn gateway_info(gateway: &Gateway) -> Vec<u8> {
+    let info = json!({
+        "provider_id": gateway.config.provider_id,
+        "protocol": PROTOCOL,
+        "instance_id": gateway.instance_id,
+        "version": env!("CARGO_PKG_VERSION"),
+    });
+    info.to_string().into_bytes()
+}
+
+/// A token in message 3 names the principal; without one, the client's
+/// authenticated static key does. The reason is for the log, never the peer.
+fn authenticate(
+    policy: &Policy,
+    key: &portcullis_crypto::PublicKey,
+    credentials: &[u8],
+) -> Result<String, String> {
+    let credentials: Map<String, Value> = serde_json::from_slice(credentials)
+        .map_err(|_| "message 3 payload is not a JSON object".to_string())?;
+    let principal = match credentials.get("token") {
+        Some(Value::String(token)) => principal_by_token(policy, token).ok_or("unknown token")?,
+        Some(_) => return Err("`token` is not a string".into()),
+        None => principal_by_key(policy, key.as_bytes()).ok_or("unknown client key")?,
+    };
+    principal_status(policy, &principal.id, jiff::Timestamp::now()).map_err(|(_, rule)| rule)?;
+    Ok(principal.id.clone())
+}
+
+/// The `capabilities` of a hello: only what the principal is granted.
+pub fn capabilities_json(policy: &Policy, granted: &Summary) -> Map<String, Value> {
+    let mut caps = Map::new();
+    if !granted.fileops.is_empty() {
+        let roots: Vec<Value> = granted
+            .fileops
+            .iter()
+            .filter_map(|(id, mode)| {
+                let root = policy.root(id)?;
+                Some(json!({"root_id": id, "label": root.description.clone().unwrap_or_else(|| id.clone()),
+                            "virtual_path": root.virtual_path, "mode": mode.as_str()}))
+            })
+            .collect();
+        caps.insert("fileops".into(), json!({"enabled": true, "roots": roots}));
+    }
+    if granted.shell {
+        caps.insert(
+            "shell".into(),
+            json!({"enabled": true, "runtime": "portcullis", "interactive": granted.pty}),
+        );
+    }
+    if !granted.tools.is_empty() {
+        caps.insert(
+            "tools".into(),
+            json!({"enabled": true, "tool_count": granted.tools.len()}),
+        );
+    }
+    if granted.scripts {
+        caps.insert("scripts".into(), json!({"enabled": true}));
+    }
+    if granted.resources {
+        caps.insert("resources".into(), json!({"enabled": true}));
+    }
+    caps
+}
+
+struct Session {
+    gateway: Arc<Gateway>,
+    principal: String,
+    info: SessionInfo,
+    outbox: Outbox,
+    in_flight: HashMap<RequestId, CancellationToken>,
+    /// Capabilities named in `relay.accepted`; `None` until it arrives.
+    accepted: Option<BTreeSet<String>>,
+    granted: Summary,
+    /// Set when the session ends for a reason other than a `cancel`: the
+    /// answer cancelled requests get instead of `cancelled`.
+    end_reason: Arc<OnceLock<ErrorBody>>,
+}
+
+/// Why the main loop stops reading requests.
+enum Ending {
+    /// Close now (after pending answers), with this reason.
+    Close { policy: bool, reason: String },
+    /// The connection is gone or broken; nothing more can be sent.
+    Broken,
+}
+
+impl Session {
+    async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        mut reader: RecordReader<S>,
+        started: Instant,
+    ) {
+        let limits = self.gateway.config.limits;
+        let gateway = self.gateway.clone();
+        let mut policy_rx = gateway.policy.subscribe();
+        let mut paused_rx = gateway.paused.subscribe();
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<RequestId>();
+        let accept_deadline = started + limits.handshake_timeout;
+        let mut expiry = self.next_expiry();
+        let mut pinged = false;
+        let mut draining: Option<Instant> = None;
+
+        let ending = loop {
+            if draining.is_some() && self.in_flight.is_empty() {
+                break Ending::Close {
+                    policy: false,
+                    reason: "the gateway is shutting down".into(),
+                };
+            }
+            tokio::select! {
+                () = self.info.kill.cancelled() => {
+                    break self.end(ErrorCode::RelayDisconnected, "the operator closed this session", true);
+                }
+                () = gateway.shutdown.cancelled(), if draining.is_none() => {
+                    draining = Some(Instant::now() + limits.shutdown_grace);
+                }
+                () = sleep_until(draining.unwrap_or_else(Instant::now)), if draining.is_some() => {
+                    break self.end(ErrorCode::RelayDisconnected, "the gateway is shutting down", false);
+                }
+                () = sleep_until(accept_deadline), if self.accepted.is_none() => {
+                    break Ending::Close { policy: true, reason: "no relay.accepted in time".into() };
+                }
+                Ok(()) = policy_rx.changed() => {
+                    if let Some(ending) = self.reevaluate().await { break ending; }
+                    expiry = self.next_expiry();
+                }
+                () = sleep_until(expiry.unwrap_or_else(Instant::now)), if expiry.is_some() => {
+                    if let Some(ending) = self.reevaluate().await { break ending; }
+                    expiry = self.next_expiry();
+                }
+                Ok(()) = paused_rx.changed() => {
+                    let event = if *paused_rx.borrow_and_update() { "provider.paused" } else { "provider.resumed" };
+                    self.event(event, json!({})).await;
+                }
+                Some(id) = done_rx.recv() => {
+                    self.in_flight.remove(&id);
+                    self.info.in_flight.fetch_sub(1, Ordering::Relaxed);
+                }
+                received = timeout(limits.idle_timeout, reader.recv()) => match received {
+                    Err(_) if pinged => break Ending::Close { policy: false, reason: "idle".into() },
+                    Err(_) => {
+                        pinged = true;
+                        let ping = Heartbeat { id: Some(format!("idle-{}", jiff::Timestamp::now().as_second())), ts: None };
+                        self.send(Frame::Ping(ping)).await;
+                    }
+                    Ok(Err(e)) => {
+                        debug!(session = self.info.id, "connection ended: {e}");
+                        let _ = self.end(ErrorCode::RelayDisconnected, "the connection ended", false);
+                        break match e {
+                            ChannelError::Closed { .. } | ChannelError::WebSocket(_) => Ending::Broken,
+                            other => Ending::Close { policy: true, reason: other.to_string() },
+                        };
+                    }
+                    Ok(Ok(plaintext)) => {
+                        pinged = false;
+                        self.handle_record(&plaintext, &done_tx, draining.is_some()).await;
+                    }
+                },
+            }
+        };
+        // Let cancelled requests send their answers, briefly, before closing.
+        let until = Instant::now() + Duration::from_secs(2);
+        while !self.in_flight.is_empty() {
+            match timeout(
+                until.saturating_duration_since(Instant::now()),
+                done_rx.recv(),
+            )
+            .await
+            {
+                Ok(Some(id)) => {
+                    self.in_flight.remove(&id);
+                    self.info.in_flight.fetch_sub(1, Ordering::Relaxed);
+                }
+                _ => break,
+            }
+        }
+        if let Ending::Close { policy, reason } = ending {
+            info!(session = self.info.id, principal = %self.principal, "closing: {reason}");
+            let _ = timeout(
+                Duration::from_secs(2),
+                self.outbox.send(Outbound::Close { policy, reason }),
+            )
+            .await;
+        }
+    }
+
+    /// Cancels every request in flight; they answer with `code`.
+    fn end(&mut self, code: ErrorCode, message: &str, policy: bool) -> Ending {
+        let _ = self.end_reason.set(ErrorBody::new(code, message));
+        for token in self.in_flight.values() {
+            token.cancel();
+        }
+        Ending::Close {
+            policy,
+            reason: message.to_string(),
+        }
+    }
+
+    async fn send(&self, frame: Frame) {
+        let _ = self.outbox.send(Outbound::Frame(frame)).await;
+    }
+
+    async fn event(&self, event: &str, payload: Value) {
+        self.send(Frame::Event(Event {
+            event: event.to_string(),
+            payload,
+        }))
+        .await;
+    }
+
+    async fn respond_error(&self, id: RequestId, code: ErrorCode, message: impl Into<String>) {
+        self.send(Frame::Response(Response::err(
+            id,
+            ErrorBody::new(code, message),
+        )))
+        .await;
+    }
+
+    async fn handle_record(
+        &mut self,
+        plaintext: &[u8],
+        done: &mpsc::UnboundedSender<RequestId>,
+        draining: bool,
+    ) {
+        match record::decode(plaintext) {
+            Ok(Record::Frame(Frame::Request(request))) => {
+                self.handle_request(request, done, draining).await
+            }
+            Ok(Record::Frame(Frame::Cancel(cancel))) => {
+                if let Some(token) = self.in_flight.get(&cancel.id) {
+                    token.cancel();
+                }
+            }
+            Ok(Record::Frame(Frame::Ping(beat))) => self.send(Frame::Pong(beat)).await,
+            Ok(Record::Frame(Frame::Event(event))) if event.event == "relay.accepted" => {
+                self.accept(&event.payload).await
+            }
+            Ok(Record::Frame(other)) => debug!(session = self.info.id, "ignored frame: {other:?}"),
+            Ok(Record::Chunk(chunk)) => {
+                let message = format!("no request `{}` takes binary input", chunk.request_id);
+                self.event(
+                    "relay.error",
+                    json!({"code": "invalid_request", "message": message}),
+                )
+                .await;
+            }
+            Err(e) => {
+                let json = plaintext.get(1..).unwrap_or_default();
+                match (&e, frame::salvage_request_id(json)) {
+                    (RecordError::Frame(_), Some(id)) if !self.in_flight.contains_key(&id) => {
+                        self.respond_error(id, ErrorCode::InvalidRequest, e.to_string())
+                            .await;
+                    }
+                    _ => {
+                        self.event(
+                            "relay.error",
+                            json!({"code": "invalid_request", "message": e.to_string()}),
+                        )
+                        .await
+                    }
+                }
+            }
+        }
+    }
+
+    async fn accept(&mut self, payload: &Value) {
+        let Some(names) = payload
+            .get("accepted_capabilities")
+            .and_then(Value::as_array)
+        else {
+            let message =
+                "relay.accepted needs payload.accepted_capabilities, an array of capability names";
+            return self
+                .event(
+                    "relay.error",
+                    json!({"code": "invalid_request", "message": message}),
+                )
+                .await;
+        };
+        let offered = granted_names(&self.granted);
+        let accepted = names
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|n| offered.contains(*n))
+            .map(str::to_string)
+            .collect();
+        self.accepted = Some(accepted);
+    }
+
+    async fn handle_request(
+        &mut self,
+        request: Request,
+        done: &mpsc::UnboundedSender<RequestId>,
+        draining: bool,
+    ) {
+        let id = request.id.clone();
+        let Some(accepted) = &self.accepted else {
+            return self
+                .respond_error(
+                    id,
+                    ErrorCode::InvalidRequest,
+                    "send the event relay.accepted before any request",
+                )
+                .await;
+        };
+        if self.in_flight.contains_key(&id) {
+            // Answering with this id would look like the answer to the first
+            // request, so the refusal is an event.
+            let message = format!("request id `{id}` is already in flight");
+            return self
+                .event(
+                    "relay.error",
+                    json!({"code": "invalid_request", "id": id, "message": message}),
+                )
+                .await;
+        }
+        let limits = self.gateway.config.limits;
+        if draining {
+            return self
+                .respond_error(
+                    id,
+                    ErrorCode::RelayDisconnected,
+                    "the gateway is shutting down",
+                )
+                .await;
+        }
+        if self.in_flight.len() >= limits.max_in_flight {
+            let message = format!(
+                "too many requests in flight (limit {}); wait for answers",
+                limits.max_in_flight
+            );
+            return self
+                .respond_error(id, ErrorCode::ProviderError, message)
+                .await;
+        }
+        if *self.gateway.paused.borrow() {
+            return self
+                .respond_error(
+                    id,
+                    ErrorCode::PolicyBlocked,
+                    "the gateway is paused by its operator",
+                )
+                .await;
+        }
+        let query = match query_for(&request) {
+            Ok(query) => query,
+            Err(error) => return self.send(Frame::Response(Response::err(id, error))).await,
+        };
+        let policy = self.gateway.current_policy();
+        let decision = decide(&policy, &self.principal, &query, jiff::Timestamp::now());
+        if let Verdict::Deny(denial @ (Denial::UnknownMethod | Denial::CapabilityUnavailable)) =
+            decision.verdict
+        {
+            return self
+                .respond_error(id, error_code(denial), decision.rule)
+                .await;
+        }
+        if !self.gateway.dispatcher.serves(&request.method) {
+            let message = format!("method `{}` is not served by this gateway", request.method);
+            return self
+                .respond_error(id, ErrorCode::UnknownMethod, message)
+                .await;
+        }
+        if let Some(capability) = decision.capability
+            && !accepted.contains(capability.as_str())
+            && matches!(
+                decision.verdict,
+                Verdict::Allow | Verdict::RequireApproval(_)
+            )
+        {
+            let message = format!(
+                "capability `{}` was not accepted in relay.accepted",
+                capability.as_str()
+            );
+            return self
+                .respond_error(id, ErrorCode::CapabilityUnavailable, message)
+                .await;
+        }
+        match decision.verdict {
+            Verdict::Deny(denial) => {
+                self.respond_error(id, error_code(denial), decision.rule)
+                    .await
+            }
+            Verdict::RequireApproval(policy) => {
+                let message = format!(
+                    "this call needs operator approval ({}), and none was given",
+                    policy.as_str()
+                );
+                self.respond_error(id, ErrorCode::ApprovalRequired, message)
+                    .await
+            }
+            Verdict::Allow => self.execute(request, decision.terms, done),
+        }
+    }
+
+    /// Runs an allowed request in its own task; its answer goes straight to
+    /// the outbox, and `done` tells this loop the id is free again.
+    fn execute(
+        &mut self,
+        request: Request,
+        terms: portcullis_policy::Terms,
+        done: &mpsc::UnboundedSender<RequestId>,
+    ) {
+        let id = request.id.clone();
+        let cancel = CancellationToken::new();
+        self.in_flight.insert(id.clone(), cancel.clone());
+        self.info.in_flight.fetch_add(1, Ordering::Relaxed);
+        let call = Call {
+            principal: self.principal.clone(),
+            stream: StreamSink::new(id.clone(), self.outbox.clone()),
+            request,
+            terms,
+            cancel,
+        };
+        let (gateway, outbox, done, end_reason) = (
+            self.gateway.clone(),
+            self.outbox.clone(),
+            done.clone(),
+            self.end_reason.clone(),
+        );
+        tokio::spawn(async move {
+            let response = match gateway.dispatcher.run(call).await {
+                Ok(result) => Response::ok(id.clone(), result),
+                Err(error) if error.code == ErrorCode::Cancelled => {
+                    Response::err(id.clone(), end_reason.get().cloned().unwrap_or(error))
+                }
+                Err(error) => Response::err(id.clone(), error),
+            };
+            let _ = outbox
+                .send(Outbound::Frame(Frame::Response(response)))
+                .await;
+            let _ = done.send(id);
+        });
+    }
+
+    /// After a policy change or an expiry: close if the principal may no
+    /// longer act, tell the peer if its capabilities changed.
+    async fn reevaluate(&mut self) -> Option<Ending> {
+        let policy = self.gateway.current_policy();
+        let now = jiff::Timestamp::now();
+        let granted = summary(&policy, &self.principal, now);
+        let revoked = match principal_status(&policy, &self.principal, now) {
+            Err((_, rule)) => Some(rule),
+            Ok(()) if granted_names(&granted).is_empty() => {
+                Some(format!("principal `{}` has no grants left", self.principal))
+            }
+            Ok(()) => None,
+        };
+        if let Some(rule) = revoked {
+            info!(session = self.info.id, principal = %self.principal, "revoked: {rule}");
+            return Some(self.end(
+                ErrorCode::PermissionDenied,
+                "access was revoked by the policy",
+                true,
+            ));
+        }
+        if granted != self.granted {
+            let names = granted_names(&granted);
+            if let Some(accepted) = &mut self.accepted {
+                accepted.retain(|c| names.contains(c));
+            }
+            let capabilities = capabilities_json(&policy, &granted);
+            self.granted = granted;
+            self.event(
+                "capability.updated",
+                json!({"capabilities": capabilities, "generation": policy.generation}),
+            )
+            .await;
+        }
+        None
+    }
+
+    /// When the principal or one of its grants next expires.
+    fn next_expiry(&self) -> Option<Instant> {
+        let policy = self.gateway.current_policy();
+        let now = jiff::Timestamp::now();
+        let principal = policy.principal(&self.principal)?;
+        let grants = policy
+            .grants
+            .iter()
+            .filter(|g| g.principals.contains(&self.principal));
+        let soonest = principal
+            .expires_at
+            .into_iter()
+            .chain(grants.filter_map(|g| g.expires_at))
+            .filter(|t| *t > now)
+            .min()?;
+        let wait = Duration::try_from(soonest.duration_since(now)).ok()?;
+        Some(Instant::now() + wait)
+    }
+}
+
+fn granted_names(granted: &Summary) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let caps = [
+        (Capability::Fileops, !granted.fileops.is_empty()),
+        (Capability::Shell, granted.shell),
+        (Capability::Tools, !granted.tools.is_empty()),
+        (Capability::Scripts, granted.scripts),
+        (Capability::Resources, granted.resources),
+    ];
+    for (cap, on) in caps {
+        if on {
+            names.insert(cap.as_str().to_string());
+        }
+    }
+    names
+}
+
+fn error_code(denial: Denial) -> ErrorCode {
+    serde_json::from_value(Value::String(denial.error_code().to_string()))
+        .unwrap_or(ErrorCode::PermissionDenied)
+}
+
+/// Drains the outbox into the socket. Consecutive records are written
+/// together and flushed when the outbox runs dry.
+async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
+    mut writer: RecordWriter<S>,
+    mut outbox: mpsc::Receiver<Outbound>,
+) {
+    while let Some(item) = outbox.recv().await {
+        let records = match item {
+            Outbound::Close { policy, reason } => {
+                let _ = writer.flush().await;
+                return writer.close(policy, &reason).await;
+            }
+            Outbound::Frame(frame) => vec![encode_frame(frame)],
+            Outbound::Chunk { id, channel, data } => {
+                let capacity = record::chunk_capacity(&id);
+                data.chunks(capacity.max(1))
+                    .map(|piece| {
+                        let mut buf = Vec::with_capacity(piece.len() + 200);
+                        // Pieces are cut to capacity, so encoding cannot fail.
+                        let _ = record::encode_chunk(&id, channel, piece, &mut buf);
+                        buf
+                    })
+                    .collect()
+            }
+        };
+        for rec in records {
+            let flush = outbox.is_empty();
+            if writer.send(rec, flush).await.is_err() {
+                return;
+            }
+        }
+    }
+    let _ = writer.flush().await;
+}
+
+fn encode_frame(frame: Frame) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(256);
+    if record::encode_frame(&frame, &mut buf).is_ok() {
+        return buf;
+    }
+    // Only a result can be this large; answer with an error instead.
+    let id = match &frame {
+        Frame::Response(r) => r.id.clone(),
+        _ => {
+            return encode_frame(Frame::Event(Event {
+                event: "relay.error".into(),
+                payload: json!({"message": "an event was too large to send"}),
+            }));
+        }
+    };
+    let error = ErrorBody::new(
+        ErrorCode::ProviderError,
+        "the result is larger than one record (65519 bytes)",
+    );
+    buf.clear();
+    let _ = record::encode_frame(&Frame::Response(Response::err(id, error)), &mut buf);
+    buf
+}

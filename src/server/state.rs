@@ -1,0 +1,171 @@
+//! The gateway's shared state: configuration, keys, the current policy, the
+//! pause switch, the live sessions. Sessions watch the policy and the pause
+//! switch and react to changes themselves.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use portcullis_crypto::StaticKeypair;
+use portcullis_policy::{Policy, PolicyErrors, load_file};
+use serde::Serialize;
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::server::dispatch::Dispatcher;
+
+pub struct Gateway {
+    pub config: Config,
+    pub key: StaticKeypair,
+    /// New at every start: handles from an earlier instance are gone.
+    pub instance_id: String,
+    pub policy: watch::Sender<Arc<Policy>>,
+    pub paused: watch::Sender<bool>,
+    pub sessions: Sessions,
+    /// Cancelled on SIGTERM: stop accepting, drain, close.
+    pub shutdown: CancellationToken,
+    pub connections: Arc<Semaphore>,
+    pub dispatcher: Dispatcher,
+}
+
+impl Gateway {
+    pub fn new(config: Config, key: StaticKeypair, policy: Policy) -> Self {
+        let paused = config.state_dir.join("paused").exists();
+        let connections = Arc::new(Semaphore::new(config.limits.max_connections));
+        Self {
+            config,
+            key,
+            instance_id: random_id(),
+            policy: watch::Sender::new(Arc::new(policy)),
+            paused: watch::Sender::new(paused),
+            sessions: Sessions::default(),
+            shutdown: CancellationToken::new(),
+            connections,
+            dispatcher: Dispatcher::new(),
+        }
+    }
+
+    pub fn current_policy(&self) -> Arc<Policy> {
+        self.policy.borrow().clone()
+    }
+
+    /// Loads the policy file again. An invalid file keeps the old policy.
+    /// Sessions see the change through their `watch` receiver.
+    pub fn reload_policy(&self) -> Result<String, PolicyErrors> {
+        let policy = load_file(&self.config.policy)?;
+        let generation = policy.generation.clone();
+        self.policy.send_replace(Arc::new(policy));
+        Ok(generation)
+    }
+
+    /// The emergency stop. Persisted as a file in the state directory so it
+    /// survives a restart until resumed.
+    pub fn set_paused(&self, paused: bool) -> std::io::Result<()> {
+        let marker = self.config.state_dir.join("paused");
+        if paused {
+            std::fs::create_dir_all(&self.config.state_dir)?;
+            std::fs::write(&marker, b"paused by the operator\n")?;
+        } else if marker.exists() {
+            std::fs::remove_file(&marker)?;
+        }
+        self.paused.send_replace(paused);
+        Ok(())
+    }
+}
+
+/// 128 random bits, hex.
+pub fn random_id() -> String {
+    let mut bytes = [0u8; 16];
+    // Without OS randomness the daemon could not make keys either; an all-zero
+    // id is still unique enough for one instance and is never a secret.
+    let _ = getrandom::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[derive(Default)]
+pub struct Sessions {
+    live: Mutex<HashMap<u64, SessionInfo>>,
+    next_id: AtomicU64,
+}
+
+#[derive(Clone, Serialize)]
+pub struct SessionInfo {
+    pub id: u64,
+    pub principal: String,
+    pub peer: SocketAddr,
+    pub started_at: String,
+    #[serde(skip)]
+    pub kill: CancellationToken,
+    #[serde(serialize_with = "load")]
+    pub in_flight: Arc<AtomicUsize>,
+}
+
+fn load<S: serde::Serializer>(n: &Arc<AtomicUsize>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(n.load(Ordering::Relaxed) as u64)
+}
+
+/// Removes its session from the registry when dropped.
+pub struct SessionGuard<'a> {
+    sessions: &'a Sessions,
+    pub info: SessionInfo,
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut live) = self.sessions.live.lock() {
+            live.remove(&self.info.id);
+        }
+    }
+}
+
+impl Sessions {
+    /// Registers a session, unless its principal already has `max` of them.
+    pub fn register(
+        &self,
+        principal: &str,
+        peer: SocketAddr,
+        max: usize,
+    ) -> Option<SessionGuard<'_>> {
+        let mut live = self.live.lock().ok()?;
+        if live.values().filter(|s| s.principal == principal).count() >= max {
+            return None;
+        }
+        let info = SessionInfo {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
+            principal: principal.to_string(),
+            peer,
+            started_at: jiff::Timestamp::now().to_string(),
+            kill: CancellationToken::new(),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        };
+        live.insert(info.id, info.clone());
+        Some(SessionGuard {
+            sessions: self,
+            info,
+        })
+    }
+
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let mut all: Vec<_> = self
+            .live
+            .lock()
+            .map(|l| l.values().cloned().collect())
+            .unwrap_or_default();
+        all.sort_by_key(|s| s.id);
+        all
+    }
+
+    pub fn kill(&self, id: u64) -> bool {
+        self.live
+            .lock()
+            .ok()
+            .and_then(|l| l.get(&id).map(|s| s.kill.cancel()))
+            .is_some()
+    }
+
+    pub fn count(&self) -> usize {
+        self.live.lock().map(|l| l.len()).unwrap_or(0)
+    }
+}
