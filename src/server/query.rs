@@ -19,7 +19,8 @@ pub fn query_for(request: &Request) -> Result<Query, ErrorBody> {
                 to: (to_root, string(p, "to_path")?),
             }
         }
-        m if m.starts_with("file.") => Target::Path {
+        "file.read" | "file.write" | "file.append" | "file.list" | "file.stat" | "file.mkdir"
+        | "file.delete" | "file.search" | "file.watch" => Target::Path {
             root: string(p, "root_id")?,
             path: string(p, "path")?,
         },
@@ -146,6 +147,13 @@ mod tests {
         );
         assert_eq!(
             query_for(&request("resource.list", json!({})))
+                .unwrap()
+                .target,
+            Target::None
+        );
+        // Unknown methods are left for policy to call unknown, whatever their params.
+        assert_eq!(
+            query_for(&request("file.teleport", json!({})))
                 .unwrap()
                 .target,
             Target::None

@@ -68,6 +68,12 @@ where
             return writer.close(true, "authentication failed").await;
         }
     };
+    let granted = summary(&policy, &principal, jiff::Timestamp::now());
+    if granted_names(&granted).is_empty() {
+        // The same rule that closes a session whose grants were all revoked.
+        warn!(%peer, %principal, "authentication refused: the principal has no grants");
+        return writer.close(true, "authentication failed").await;
+    }
     let Some(guard) =
         gateway
             .sessions
@@ -82,7 +88,6 @@ where
 
     let (outbox, outbox_rx) = mpsc::channel(OUTBOX_CAPACITY);
     let writer_task = tokio::spawn(write_loop(writer, outbox_rx));
-    let granted = summary(&policy, &principal, jiff::Timestamp::now());
     let hello = Hello {
         protocol: PROTOCOL.to_string(),
         provider_id: Some(gateway.config.provider_id.clone()),

@@ -1,0 +1,201 @@
+//! Shared harness for end-to-end tests: starts the real `portcullis` binary
+//! on 127.0.0.1 with a policy written by the test, and connects to it with
+//! the real client library (or, for hostile tests, a raw WebSocket and the
+//! Noise state machine).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use portcullis::client::{Client, ClientError, ClientOptions};
+use portcullis::keyfile;
+use portcullis_crypto::{Handshake, PROLOGUE, PublicKey, StaticKeypair, Transport};
+use tokio::net::TcpStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+pub struct Gateway {
+    child: Child,
+    pub dir: PathBuf,
+    pub addr: SocketAddr,
+    pub url: String,
+    pub key: PublicKey,
+}
+
+impl Gateway {
+    /// Starts a gateway whose policy is `policy`, with `limits` appended to
+    /// its config (a `[limits]` table, or "").
+    pub fn start(policy: &str, limits: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "portcullis-e2e-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("workspace")).unwrap();
+        let gateway_key = keyfile::generate(&dir.join("gateway.key"), false).unwrap();
+        std::fs::write(
+            dir.join("policy.toml"),
+            policy.replace("WORKSPACE", &dir.join("workspace").display().to_string()),
+        )
+        .unwrap();
+        let config = format!(
+            "listen = [\"127.0.0.1:0\"]\nkey_file = \"gateway.key\"\npolicy = \"policy.toml\"\n\
+             state_dir = \"state\"\nadmin_socket = \"admin.sock\"\n{limits}\n"
+        );
+        std::fs::write(dir.join("portcullis.toml"), config).unwrap();
+        let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+            .args(["serve", "--config"])
+            .arg(dir.join("portcullis.toml"))
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("start portcullis serve");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
+            panic!("gateway did not start: stdout {line:?}\nstderr:\n{log}");
+        };
+        let addr: SocketAddr = addr.parse().unwrap();
+        Self {
+            child,
+            url: format!("ws://{addr}"),
+            addr,
+            key: *gateway_key.public(),
+            dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    pub fn write_policy(&self, policy: &str) {
+        std::fs::write(
+            self.dir.join("policy.toml"),
+            policy.replace(
+                "WORKSPACE",
+                &self.dir.join("workspace").display().to_string(),
+            ),
+        )
+        .unwrap();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+
+    /// Waits for `needle` to appear in the gateway's log.
+    pub async fn wait_log(&self, needle: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub async fn connect(&self, identity: &StaticKeypair) -> Result<Client, ClientError> {
+        Client::connect(ClientOptions::new(&self.url, self.key, identity.clone())).await
+    }
+
+    pub async fn connect_with_token(&self, token: &str) -> Result<Client, ClientError> {
+        let mut options =
+            ClientOptions::new(&self.url, self.key, StaticKeypair::generate().unwrap());
+        options.token = Some(zeroize::Zeroizing::new(token.to_string()));
+        Client::connect(options).await
+    }
+
+    /// A raw WebSocket with a finished handshake, for sending what the
+    /// client library never would. Returns the socket and the transport.
+    pub async fn raw(&self, identity: &StaticKeypair) -> (WebSocketStream<TcpStream>, Transport) {
+        let tcp = TcpStream::connect(self.addr).await.unwrap();
+        let request = format!("{}/api/v1/relay/connect", self.url)
+            .into_client_request()
+            .unwrap();
+        let (mut ws, _) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
+        let mut hs = Handshake::initiator(identity, PROLOGUE).pin_remote_static(self.key);
+        ws.send(Message::Binary(hs.write_message(&[]).unwrap().into()))
+            .await
+            .unwrap();
+        let Some(Ok(Message::Binary(m2))) = ws.next().await else {
+            panic!("no message 2")
+        };
+        hs.read_message(&m2).unwrap();
+        ws.send(Message::Binary(hs.write_message(b"{}").unwrap().into()))
+            .await
+            .unwrap();
+        let mut transport = hs.into_transport().unwrap();
+        let Some(Ok(Message::Binary(hello))) = ws.next().await else {
+            panic!("no hello")
+        };
+        let hello = transport.open(&hello).unwrap();
+        assert!(String::from_utf8_lossy(&hello).contains("\"hello\""));
+        (ws, transport)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Reads from a raw socket until the gateway closes it; true if it did
+/// within `within`.
+pub async fn closed_by_gateway(ws: &mut WebSocketStream<TcpStream>, within: Duration) -> bool {
+    tokio::time::timeout(within, async {
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+pub fn key_b64(key: &StaticKeypair) -> String {
+    key.public().to_base64()
+}
