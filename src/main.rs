@@ -47,6 +47,19 @@ enum Command {
         #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "portcullis-demo")]
         demo: Option<PathBuf>,
     },
+    /// Show a running daemon's state (through its admin socket).
+    Status(cli::admin::Socket),
+    /// List a running daemon's sessions, or close one.
+    Sessions {
+        #[command(subcommand)]
+        action: Option<SessionsCommand>,
+        #[command(flatten)]
+        socket: cli::admin::Socket,
+    },
+    /// Emergency stop: refuse every request until `resume` (survives restarts).
+    Pause(cli::admin::Socket),
+    /// Undo `pause`.
+    Resume(cli::admin::Socket),
     /// Connect to a gateway and print its hello.
     Connect(cli::connect::Target),
     /// Connect to a gateway and measure relay ping round trips.
@@ -82,7 +95,18 @@ enum KeysCommand {
 }
 
 #[derive(Subcommand)]
+enum SessionsCommand {
+    /// List sessions (the default).
+    List,
+    /// Close a session; its requests in flight are answered first.
+    Kill { id: u64 },
+}
+
+#[derive(Subcommand)]
 enum PolicyCommand {
+    /// Make the running daemon reload its policy file (as SIGHUP does), and
+    /// report errors if the file does not load.
+    Reload(cli::admin::Socket),
     /// Validate a policy file. Exit 0 when valid; 1 with every error as
     /// FILE:LINE:COLUMN: message.
     Check {
@@ -119,6 +143,18 @@ fn main() -> ExitCode {
             Err(e) => cli::fail(e),
         },
         Command::Connect(target) => cli::connect::connect(target),
+        Command::Status(socket) => cli::admin::status(&socket),
+        Command::Sessions {
+            action: None | Some(SessionsCommand::List),
+            socket,
+        } => cli::admin::sessions(&socket),
+        Command::Sessions {
+            action: Some(SessionsCommand::Kill { id }),
+            socket,
+        } => cli::admin::kill(&socket, id),
+        Command::Policy(PolicyCommand::Reload(socket)) => cli::admin::reload(&socket),
+        Command::Pause(socket) => cli::admin::pause(&socket, true),
+        Command::Resume(socket) => cli::admin::pause(&socket, false),
         Command::Ping { target, count } => cli::connect::ping(target, count),
     }
 }

@@ -1,6 +1,7 @@
 //! The command-line verbs. `main.rs` parses arguments; each verb lives in a
 //! module here and returns an exit code.
 
+pub mod admin;
 pub mod connect;
 pub mod demo;
 pub mod keys;

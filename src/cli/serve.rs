@@ -49,6 +49,16 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
         Ok(listeners) => listeners,
         Err(e) => return fail(e),
     };
+    let admin = match server::admin::bind(&gateway.config.admin_socket) {
+        Ok(admin) => admin,
+        Err(e) => {
+            return fail(format!(
+                "cannot bind the admin socket {}: {e}",
+                gateway.config.admin_socket.display()
+            ));
+        }
+    };
+    tokio::spawn(server::admin::serve(gateway.clone(), admin));
     let (Ok(mut hangup), Ok(mut terminate), Ok(mut interrupt)) = (
         signal(SignalKind::hangup()),
         signal(SignalKind::terminate()),

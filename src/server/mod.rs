@@ -4,6 +4,7 @@
 //! `max_connections` permits, and must send its request head within
 //! `header_timeout`.
 
+pub mod admin;
 pub mod dispatch;
 pub mod query;
 pub mod session;

@@ -53,24 +53,7 @@ impl Gateway {
              state_dir = \"state\"\nadmin_socket = \"admin.sock\"\n{limits}\n"
         );
         std::fs::write(dir.join("portcullis.toml"), config).unwrap();
-        let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis"))
-            .args(["serve", "--config"])
-            .arg(dir.join("portcullis.toml"))
-            .env("RUST_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("start portcullis serve");
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let Some(addr) = line.trim().strip_prefix("listening on ") else {
-            let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
-            panic!("gateway did not start: stdout {line:?}\nstderr:\n{log}");
-        };
-        let addr: SocketAddr = addr.parse().unwrap();
+        let (child, addr) = spawn(&dir);
         Self {
             child,
             url: format!("ws://{addr}"),
@@ -78,6 +61,31 @@ impl Gateway {
             key: *gateway_key.public(),
             dir,
         }
+    }
+
+    /// Stops the gateway (SIGTERM) and starts it again on the same directory.
+    pub fn restart(&mut self) {
+        self.signal("TERM");
+        self.wait_exit(Duration::from_secs(15))
+            .expect("gateway did not stop");
+        let (child, addr) = spawn(&self.dir);
+        self.child = child;
+        self.addr = addr;
+        self.url = format!("ws://{addr}");
+    }
+
+    pub fn admin_socket(&self) -> PathBuf {
+        self.dir.join("admin.sock")
+    }
+
+    /// Runs the CLI against this gateway's admin socket.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_portcullis"))
+            .args(args)
+            .arg("--admin-socket")
+            .arg(self.admin_socket())
+            .output()
+            .unwrap()
     }
 
     pub fn pid(&self) -> u32 {
@@ -169,6 +177,32 @@ impl Gateway {
         assert!(String::from_utf8_lossy(&hello).contains("\"hello\""));
         (ws, transport)
     }
+}
+
+/// Starts `portcullis serve` on `dir`'s config; returns it and its address.
+fn spawn(dir: &std::path::Path) -> (Child, SocketAddr) {
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("stderr.log"))
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["serve", "--config"])
+        .arg(dir.join("portcullis.toml"))
+        .env("RUST_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("start portcullis serve");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let Some(addr) = line.trim().strip_prefix("listening on ") else {
+        let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
+        panic!("gateway did not start: stdout {line:?}\nstderr:\n{log}");
+    };
+    (child, addr.parse().unwrap())
 }
 
 impl Drop for Gateway {

@@ -1,0 +1,165 @@
+//! Verbs that talk to a running daemon through its admin socket:
+//! `status`, `sessions`, `policy reload`, `pause`, `resume`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use hyper::Method;
+use portcullis::server::admin;
+use serde_json::Value;
+
+use crate::cli::fail;
+
+#[derive(clap::Args)]
+pub struct Socket {
+    /// The daemon's admin socket.
+    #[arg(
+        long,
+        global = true,
+        env = "PORTCULLIS_ADMIN_SOCKET",
+        default_value = "/run/portcullis/admin.sock"
+    )]
+    pub admin_socket: PathBuf,
+    /// Print the daemon's JSON answer as is.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// Sends one admin request and prints the answer: JSON with `--json`, else
+/// `describe`'s summary. Exit 1 unless the daemon answered 2xx.
+pub fn call(
+    socket: &Socket,
+    method: Method,
+    path: &str,
+    describe: impl Fn(&Value) -> String,
+) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(e),
+    };
+    match runtime.block_on(admin::request(&socket.admin_socket, method, path)) {
+        Ok((status, body)) => {
+            if socket.json {
+                println!("{body}");
+            } else if status.is_success() {
+                println!("{}", describe(&body));
+            } else {
+                eprintln!("portcullis: {}", error_text(&body));
+            }
+            if status.is_success() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn error_text(body: &Value) -> String {
+    match body.get("errors").and_then(Value::as_array) {
+        Some(errors) => {
+            let lines: Vec<String> = errors
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}:{}:{}: {}",
+                        e["file"].as_str().unwrap_or(""),
+                        e["line"],
+                        e["column"],
+                        e["message"].as_str().unwrap_or("")
+                    )
+                })
+                .collect();
+            format!("the policy was not reloaded:\n{}", lines.join("\n"))
+        }
+        None => body
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("the daemon refused")
+            .to_string(),
+    }
+}
+
+pub fn status(socket: &Socket) -> ExitCode {
+    call(socket, Method::GET, "/v1/status", |b| {
+        format!(
+            "portcullis {} ({}): {} session(s), policy {}, {}",
+            b["version"].as_str().unwrap_or("?"),
+            b["provider_id"].as_str().unwrap_or("?"),
+            b["sessions"],
+            b["policy_generation"]
+                .as_str()
+                .map(|g| &g[..g.len().min(12)])
+                .unwrap_or("?"),
+            if b["paused"] == true {
+                "PAUSED"
+            } else {
+                "running"
+            }
+        )
+    })
+}
+
+pub fn sessions(socket: &Socket) -> ExitCode {
+    call(socket, Method::GET, "/v1/sessions", |b| {
+        let rows: Vec<String> = b["sessions"]
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .map(|s| {
+                        format!(
+                            "{:>6}  {:<20} {:<22} {:>9}  {}",
+                            s["id"],
+                            s["principal"].as_str().unwrap_or(""),
+                            s["peer"].as_str().unwrap_or(""),
+                            s["in_flight"],
+                            s["started_at"].as_str().unwrap_or("")
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        format!(
+            "{:>6}  {:<20} {:<22} {:>9}  {}\n{}",
+            "ID",
+            "PRINCIPAL",
+            "PEER",
+            "IN FLIGHT",
+            "STARTED",
+            rows.join("\n")
+        )
+    })
+}
+
+pub fn kill(socket: &Socket, id: u64) -> ExitCode {
+    call(
+        socket,
+        Method::DELETE,
+        &format!("/v1/sessions/{id}"),
+        |_| format!("session {id} closed"),
+    )
+}
+
+pub fn reload(socket: &Socket) -> ExitCode {
+    call(socket, Method::POST, "/v1/policy/reload", |b| {
+        format!(
+            "policy reloaded (generation {})",
+            b["generation"].as_str().unwrap_or("?")
+        )
+    })
+}
+
+pub fn pause(socket: &Socket, pause: bool) -> ExitCode {
+    let path = if pause { "/v1/pause" } else { "/v1/resume" };
+    call(socket, Method::POST, path, move |_| {
+        if pause {
+            "paused: nothing executes until `portcullis resume`".into()
+        } else {
+            "resumed".into()
+        }
+    })
+}

@@ -1,0 +1,204 @@
+//! The admin socket: HTTP/1.1 with JSON over a Unix socket, for operators
+//! and their scripts (`curl --unix-socket`). Mode 0660; a connecting peer
+//! must be root, or share the socket's owner uid or group gid.
+//!
+//! | method | path | does |
+//! |---|---|---|
+//! | GET | /v1/status | instance, version, policy generation, paused, session count |
+//! | GET | /v1/sessions | the live sessions |
+//! | DELETE | /v1/sessions/ID | closes one session |
+//! | POST | /v1/policy/reload | reloads the policy file (an invalid one is kept out) |
+//! | POST | /v1/pause, /v1/resume | the emergency stop (persists across restarts) |
+
+use std::convert::Infallible;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::UnixListener;
+use tracing::{info, warn};
+
+use crate::server::Gateway;
+
+/// Binds the admin socket (replacing a stale one) with mode 0660.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(listener)
+}
+
+pub async fn serve(gateway: Arc<Gateway>, listener: UnixListener) {
+    let path = gateway.config.admin_socket.clone();
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+            () = gateway.shutdown.cancelled() => break,
+        };
+        let owner = std::fs::metadata(&path).map(|m| (m.uid(), m.gid())).ok();
+        let allowed = match (stream.peer_cred(), owner) {
+            (Ok(peer), Some((uid, gid))) => {
+                peer.uid() == 0 || peer.uid() == uid || peer.gid() == gid
+            }
+            _ => false,
+        };
+        if !allowed {
+            warn!(peer = ?stream.peer_cred().ok(), "admin socket: peer refused");
+            continue;
+        }
+        let gateway = gateway.clone();
+        let peer_uid = stream.peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let gateway = gateway.clone();
+                async move { Ok::<_, Infallible>(route(&gateway, request, peer_uid)) }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> Response<Full<Bytes>> {
+    let path = request.uri().path().to_string();
+    match (request.method(), path.as_str()) {
+        (&Method::GET, "/v1/status") => {
+            let policy = gateway.current_policy();
+            reply(
+                StatusCode::OK,
+                json!({
+                    "instance_id": gateway.instance_id,
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "provider_id": gateway.config.provider_id,
+                    "policy_generation": policy.generation,
+                    "paused": *gateway.paused.borrow(),
+                    "sessions": gateway.sessions.count(),
+                }),
+            )
+        }
+        (&Method::GET, "/v1/sessions") => reply(
+            StatusCode::OK,
+            json!({ "sessions": gateway.sessions.list() }),
+        ),
+        (&Method::DELETE, p) if p.starts_with("/v1/sessions/") => {
+            match p["/v1/sessions/".len()..].parse::<u64>() {
+                Ok(id) if gateway.sessions.kill(id) => {
+                    info!(
+                        session = id,
+                        uid = peer_uid,
+                        "session closed by the operator"
+                    );
+                    reply(StatusCode::OK, json!({ "closed": id }))
+                }
+                _ => reply(StatusCode::NOT_FOUND, json!({ "error": "no such session" })),
+            }
+        }
+        (&Method::POST, "/v1/policy/reload") => match gateway.reload_policy() {
+            Ok(generation) => {
+                info!(%generation, uid = peer_uid, "policy reloaded through the admin socket");
+                reply(
+                    StatusCode::OK,
+                    json!({ "ok": true, "generation": generation }),
+                )
+            }
+            Err(errors) => {
+                warn!(
+                    uid = peer_uid,
+                    "policy reload failed; keeping the old policy:\n{errors}"
+                );
+                reply(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    json!({ "ok": false, "errors": errors.0 }),
+                )
+            }
+        },
+        (&Method::POST, "/v1/pause" | "/v1/resume") => {
+            let pause = path == "/v1/pause";
+            match gateway.set_paused(pause) {
+                Ok(()) => {
+                    info!(
+                        uid = peer_uid,
+                        "gateway {}",
+                        if pause { "paused" } else { "resumed" }
+                    );
+                    reply(StatusCode::OK, json!({ "paused": pause }))
+                }
+                Err(e) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "error": format!("cannot record the pause: {e}") }),
+                ),
+            }
+        }
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            json!({ "error": "unknown admin endpoint; see docs/OPERATIONS.md" }),
+        ),
+    }
+}
+
+fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(format!("{body}\n"))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// A request to a running daemon's admin socket: what the CLI uses.
+pub async fn request(
+    socket: &Path,
+    method: Method,
+    path: &str,
+) -> Result<(StatusCode, Value), String> {
+    use http_body_util::BodyExt as _;
+    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
+        format!(
+            "cannot reach the daemon at {}: {e} (is it running? see --admin-socket)",
+            socket.display()
+        )
+    })?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, "portcullis")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    Ok((status, value))
+}

@@ -1,0 +1,175 @@
+//! The admin socket through the real CLI: status, sessions and kill, policy
+//! reload, and the emergency stop surviving a restart.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Gateway, key_b64};
+use portcullis::client::ClientError;
+use portcullis::frame::ErrorCode;
+use portcullis_crypto::StaticKeypair;
+use serde_json::{Value, json};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn policy(alice: &StaticKeypair, granted: bool) -> String {
+    let grant = if granted {
+        "[[grant]]\nid = \"g\"\nprincipals = [\"alice\"]\nresources = {}\n"
+    } else {
+        ""
+    };
+    format!(
+        "[[principal]]\nid = \"alice\"\npublic_key = \"{}\"\n\n{grant}",
+        key_b64(alice)
+    )
+}
+
+fn stdout(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn json_of(output: &std::process::Output) -> Value {
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|_| panic!("not JSON: {}", stdout(output)))
+}
+
+#[tokio::test]
+async fn status_sessions_and_kill() {
+    let alice = StaticKeypair::generate().unwrap();
+    let gw = Gateway::start(&policy(&alice, true), "");
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(gw.admin_socket())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(
+        mode, 0o660,
+        "the admin socket is for its owner and group only"
+    );
+
+    let status = gw.cli(&["status", "--json"]);
+    assert!(status.status.success(), "{status:?}");
+    let status = json_of(&status);
+    assert_eq!(
+        (status["sessions"].as_u64(), status["paused"].as_bool()),
+        (Some(1), Some(false))
+    );
+    assert_eq!(
+        status["instance_id"].as_str(),
+        client.hello().instance_id.as_deref()
+    );
+
+    let listed = json_of(&gw.cli(&["sessions", "--json"]));
+    let id = listed["sessions"][0]["id"].as_u64().unwrap();
+    assert_eq!(listed["sessions"][0]["principal"], "alice");
+    let table = stdout(&gw.cli(&["sessions"]));
+    assert!(
+        table.contains("alice") && table.contains("PRINCIPAL"),
+        "{table}"
+    );
+
+    let kill = gw.cli(&["sessions", "kill", &id.to_string()]);
+    assert!(kill.status.success(), "{kill:?}");
+    let reason = tokio::time::timeout(5 * SECOND, client.closed())
+        .await
+        .unwrap();
+    assert!(reason.contains("operator"), "{reason}");
+    assert!(!gw.cli(&["sessions", "kill", "999"]).status.success());
+}
+
+#[tokio::test]
+async fn reload_through_the_admin_socket() {
+    let alice = StaticKeypair::generate().unwrap();
+    let gw = Gateway::start(&policy(&alice, true), "");
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+
+    std::fs::write(
+        gw.dir.join("policy.toml"),
+        "[[principal]]\nid = \"alice\"\nbogus = 1\n",
+    )
+    .unwrap();
+    let failed = gw.cli(&["policy", "reload"]);
+    assert_eq!(failed.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(
+        stderr.contains("policy.toml:3:1: unknown field `bogus`"),
+        "{stderr}"
+    );
+    client
+        .request("resource.list", json!({}))
+        .await
+        .expect("the old policy still applies");
+
+    gw.write_policy(&policy(&alice, false));
+    let reloaded = gw.cli(&["policy", "reload"]);
+    assert!(reloaded.status.success(), "{reloaded:?}");
+    assert!(stdout(&reloaded).starts_with("policy reloaded"));
+    let reason = tokio::time::timeout(5 * SECOND, client.closed())
+        .await
+        .unwrap();
+    assert!(reason.contains("revoked"), "{reason}");
+}
+
+#[tokio::test]
+async fn pause_refuses_everything_and_survives_a_restart() {
+    let alice = StaticKeypair::generate().unwrap();
+    let mut gw = Gateway::start(&policy(&alice, true), "");
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+
+    assert!(gw.cli(&["pause"]).status.success());
+    assert_eq!(
+        client
+            .next_event(5 * SECOND)
+            .await
+            .map(|e| e.event)
+            .as_deref(),
+        Some("provider.paused")
+    );
+    let refused = client.request("resource.list", json!({})).await;
+    assert!(
+        matches!(&refused, Err(ClientError::Remote(e)) if e.code == ErrorCode::PolicyBlocked && e.message.contains("paused")),
+        "{refused:?}"
+    );
+    drop(client);
+
+    gw.restart();
+    assert_eq!(
+        json_of(&gw.cli(&["status", "--json"]))["paused"],
+        true,
+        "the pause must survive a restart"
+    );
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    assert!(client.request("resource.list", json!({})).await.is_err());
+
+    assert!(gw.cli(&["resume"]).status.success());
+    assert_eq!(
+        client
+            .next_event(5 * SECOND)
+            .await
+            .map(|e| e.event)
+            .as_deref(),
+        Some("provider.resumed")
+    );
+    client
+        .request("resource.list", json!({}))
+        .await
+        .expect("served again after resume");
+}
+
+#[tokio::test]
+async fn the_admin_cli_explains_an_unreachable_daemon() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["status", "--admin-socket", "/nonexistent/admin.sock"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the daemon"));
+}
