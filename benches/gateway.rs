@@ -1,0 +1,124 @@
+//! `cargo bench --bench gateway`: the real gateway binary on 127.0.0.1,
+//! driven by the client library from this process (both share the
+//! machine's cores).
+//!
+//! - connect + WebSocket upgrade + Noise handshake + hello, new connection
+//!   each time: p50/p90/p99 over 1,000 connections;
+//! - a small request (`resource.list`) on an open session: p50/p99;
+//! - the daemon's RSS growth with 1,000 idle authenticated sessions.
+//!
+//! Figures are printed, never asserted.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use portcullis::client::{Client, ClientOptions};
+use portcullis::keyfile;
+use portcullis_crypto::StaticKeypair;
+use serde_json::json;
+
+const CONNECTIONS: usize = 1000;
+const IDLE_SESSIONS: usize = 1000;
+const REQUESTS: usize = 5000;
+
+fn main() {
+    // `cargo bench` passes --bench; a filter argument is not supported here.
+    let dir = std::env::temp_dir().join(format!("portcullis-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let gateway_key = keyfile::generate(&dir.join("gateway.key"), false).unwrap();
+    let client_key = StaticKeypair::generate().unwrap();
+    let policy = format!(
+        "[[principal]]\nid = \"bench\"\npublic_key = \"{}\"\n\n[[grant]]\nid = \"g\"\nprincipals = [\"bench\"]\nresources = {{}}\n",
+        client_key.public().to_base64()
+    );
+    std::fs::write(dir.join("policy.toml"), policy).unwrap();
+    std::fs::write(
+        dir.join("portcullis.toml"),
+        "listen = [\"127.0.0.1:0\"]\nkey_file = \"gateway.key\"\npolicy = \"policy.toml\"\nstate_dir = \"state\"\n\
+         admin_socket = \"admin.sock\"\n[limits]\nmax_sessions_per_principal = 5000\nidle_timeout = \"10m\"\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["serve", "--config"])
+        .arg(dir.join("portcullis.toml"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the gateway");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let url = format!("ws://{}", line.trim().strip_prefix("listening on ").expect("gateway address"));
+    let pid = child.id();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let options = || ClientOptions::new(&url, *gateway_key.public(), client_key.clone());
+
+        for _ in 0..50 {
+            drop(Client::connect(options()).await.unwrap());
+        }
+        let mut connect = Vec::with_capacity(CONNECTIONS);
+        for _ in 0..CONNECTIONS {
+            let started = Instant::now();
+            let client = Client::connect(options()).await.unwrap();
+            connect.push(started.elapsed());
+            drop(client);
+        }
+        report("connect+handshake+hello (new connection each)", &mut connect);
+
+        let client = Client::connect(options()).await.unwrap();
+        client.accept_all().await.unwrap();
+        let mut requests = Vec::with_capacity(REQUESTS);
+        for _ in 0..REQUESTS {
+            let started = Instant::now();
+            client.request("resource.list", json!({})).await.unwrap();
+            requests.push(started.elapsed());
+        }
+        report("resource.list round trip on an open session", &mut requests);
+        drop(client);
+
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before = rss_kib(pid);
+        let mut idle = Vec::with_capacity(IDLE_SESSIONS);
+        for _ in 0..IDLE_SESSIONS {
+            let client = Client::connect(options()).await.unwrap();
+            client.accept_all().await.unwrap();
+            idle.push(client);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let after = rss_kib(pid);
+        println!(
+            "gateway RSS: {before} KiB before, {after} KiB with {IDLE_SESSIONS} idle sessions: {:.1} KiB per session",
+            (after.saturating_sub(before)) as f64 / IDLE_SESSIONS as f64
+        );
+        drop(idle);
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn report(what: &str, samples: &mut [Duration]) {
+    samples.sort();
+    let pick = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "{what}: n={} p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        samples.len(),
+        ms(pick(0.50)),
+        ms(pick(0.90)),
+        ms(pick(0.99)),
+        ms(samples[samples.len() - 1])
+    );
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
