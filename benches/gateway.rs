@@ -48,11 +48,22 @@ fn main() {
         .spawn()
         .expect("start the gateway");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let url = format!("ws://{}", line.trim().strip_prefix("listening on ").expect("gateway address"));
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = format!(
+        "ws://{}",
+        line.trim()
+            .strip_prefix("listening on ")
+            .expect("gateway address")
+    );
     let pid = child.id();
 
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async {
         let options = || ClientOptions::new(&url, *gateway_key.public(), client_key.clone());
 
