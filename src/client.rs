@@ -42,6 +42,9 @@ pub struct ClientOptions {
     pub identity: StaticKeypair,
     pub token: Option<Zeroizing<String>>,
     pub timeout: Duration,
+    /// For `wss://`: the CA certificate(s), PEM, that the gateway's TLS
+    /// certificate must chain to. Required for `wss://`.
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl ClientOptions {
@@ -52,14 +55,19 @@ impl ClientOptions {
             identity,
             token: None,
             timeout: Duration::from_secs(10),
+            tls_ca: None,
         }
     }
 }
 
 #[derive(Debug, Error)]
 pub enum ClientError {
-    #[error("invalid gateway URL `{0}`: expected ws://HOST:PORT[/api/v1/relay/connect]")]
+    #[error(
+        "invalid gateway URL `{0}`: expected ws://HOST:PORT or wss://HOST:PORT, optionally with /api/v1/relay/connect"
+    )]
     Url(String),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("cannot connect to {addr}: {source}")]
     Connect {
         addr: String,
@@ -117,21 +125,46 @@ impl Client {
     }
 
     async fn connect_inner(options: ClientOptions) -> Result<Self, ClientError> {
-        let (addr, url) = parse_url(&options.url)?;
-        let tcp = TcpStream::connect(&addr)
-            .await
-            .map_err(|source| ClientError::Connect {
-                addr: addr.clone(),
-                source,
-            })?;
+        let target = parse_url(&options.url)?;
+        let tcp =
+            TcpStream::connect(&target.addr)
+                .await
+                .map_err(|source| ClientError::Connect {
+                    addr: target.addr.clone(),
+                    source,
+                })?;
         let _ = tcp.set_nodelay(true);
+        if !target.tls {
+            return Self::over(tcp, &target.url, options).await;
+        }
+        let ca = options.tls_ca.as_deref().ok_or_else(|| {
+            ClientError::Tls(
+                "wss:// needs the CA certificate that signed the gateway's certificate (--tls-ca)"
+                    .into(),
+            )
+        })?;
+        let connector = crate::tls::connector(ca).map_err(ClientError::Tls)?;
+        let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+            .map_err(|_| ClientError::Url(options.url.clone()))?;
+        let tls = connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| ClientError::Tls(e.to_string()))?;
+        Self::over(tls, &target.url, options).await
+    }
+
+    /// The WebSocket upgrade, the handshake and the hello over `stream`.
+    async fn over<S>(stream: S, url: &str, options: ClientOptions) -> Result<Self, ClientError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let request = url
-            .as_str()
             .into_client_request()
             .map_err(|e| ClientError::Upgrade(e.to_string()))?;
-        let (ws, _) = tokio_tungstenite::client_async_with_config(request, tcp, Some(ws_config()))
-            .await
-            .map_err(|e| ClientError::Upgrade(e.to_string()))?;
+        let (ws, _) =
+            tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config()))
+                .await
+                .map_err(|e| ClientError::Upgrade(e.to_string()))?;
         let credentials = match &options.token {
             Some(token) => {
                 Zeroizing::new(json!({ "token": token.as_str() }).to_string().into_bytes())
@@ -444,24 +477,46 @@ async fn route(
     }
 }
 
-/// `ws://host:port[/path]` → (`host:port`, full URL with the relay path).
-fn parse_url(url: &str) -> Result<(String, String), ClientError> {
-    let rest = url
-        .strip_prefix("ws://")
-        .ok_or_else(|| ClientError::Url(url.to_string()))?;
+/// Where and how to connect, from a `ws://` or `wss://` URL.
+struct UrlTarget {
+    /// `host:port` for the TCP connection.
+    addr: String,
+    /// The host alone, for TLS server name checks.
+    host: String,
+    /// The full URL with the relay path.
+    url: String,
+    tls: bool,
+}
+
+fn parse_url(url: &str) -> Result<UrlTarget, ClientError> {
+    let (tls, rest) = match (url.strip_prefix("ws://"), url.strip_prefix("wss://")) {
+        (Some(rest), _) => (false, rest),
+        (_, Some(rest)) => (true, rest),
+        _ => return Err(ClientError::Url(url.to_string())),
+    };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
     };
-    if authority.is_empty() || !authority.contains(':') {
-        return Err(ClientError::Url(url.to_string()));
-    }
+    let host = match authority.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => host,
+        _ => return Err(ClientError::Url(url.to_string())),
+    };
     let path = if path.is_empty() || path == "/" {
         RELAY_PATH
     } else {
         path
     };
-    Ok((authority.to_string(), format!("ws://{authority}{path}")))
+    let scheme = if tls { "wss" } else { "ws" };
+    Ok(UrlTarget {
+        addr: authority.to_string(),
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        url: format!("{scheme}://{authority}{path}"),
+        tls,
+    })
 }
 
 #[cfg(test)]
@@ -471,11 +526,20 @@ mod tests {
     #[test]
     fn urls() {
         assert_eq!(
-            parse_url("ws://127.0.0.1:7443").unwrap().1,
+            parse_url("ws://127.0.0.1:7443").unwrap().url,
             "ws://127.0.0.1:7443/api/v1/relay/connect"
         );
-        assert_eq!(parse_url("ws://h:1/api/v1/relay/connect").unwrap().0, "h:1");
-        assert!(parse_url("wss://h:1").is_err());
+        assert_eq!(
+            parse_url("ws://h:1/api/v1/relay/connect").unwrap().addr,
+            "h:1"
+        );
+        let secure = parse_url("wss://gateway.example:443").unwrap();
+        assert!(secure.tls);
+        assert_eq!(secure.host, "gateway.example");
+        assert_eq!(secure.url, "wss://gateway.example:443/api/v1/relay/connect");
+        assert_eq!(parse_url("ws://[::1]:7443").unwrap().host, "::1");
+        assert!(parse_url("http://h:1").is_err());
         assert!(parse_url("ws://nohost").is_err());
+        assert!(parse_url("ws://h:notaport").is_err());
     }
 }

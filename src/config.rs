@@ -17,6 +17,15 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub admin_socket: PathBuf,
     pub limits: Limits,
+    /// Serve HTTPS/WSS with this certificate chain and key (PEM).
+    pub tls: Option<TlsFiles>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -73,6 +82,8 @@ struct RawConfig {
     admin_socket: PathBuf,
     #[serde(default)]
     limits: Limits,
+    #[serde(default)]
+    tls: Option<TlsFiles>,
 }
 
 fn default_provider_id() -> String {
@@ -140,6 +151,10 @@ impl Config {
             state_dir: resolve(raw.state_dir),
             admin_socket: resolve(raw.admin_socket),
             limits: raw.limits,
+            tls: raw.tls.map(|t| TlsFiles {
+                cert: resolve(t.cert),
+                key: resolve(t.key),
+            }),
         })
     }
 }

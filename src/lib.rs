@@ -9,8 +9,10 @@
 
 pub mod channel;
 pub mod client;
+pub mod client_config;
 pub mod config;
 pub mod frame;
 pub mod keyfile;
 pub mod record;
 pub mod server;
+pub mod tls;

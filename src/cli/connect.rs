@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use portcullis::client::{Client, ClientOptions};
-use portcullis::keyfile;
+use portcullis::{client_config, keyfile};
 use portcullis_crypto::PublicKey;
 use zeroize::Zeroizing;
 
@@ -19,34 +19,60 @@ pub struct Target {
     pub url: String,
     /// The gateway's public key (base64, from `portcullis keys show` on the
     /// gateway). The connection stops before sending credentials if the
-    /// gateway proves another key.
+    /// gateway proves another key. Remembered for this URL in
+    /// ~/.config/portcullis/gateways.toml, so it is needed once.
     #[arg(long)]
-    pub gateway_key: String,
-    /// This client's key file; without it a throwaway key is used (then a
-    /// token must identify you).
+    pub gateway_key: Option<String>,
+    /// This client's key file [default: ~/.config/portcullis/identity.key,
+    /// created on first use].
     #[arg(long)]
     pub identity: Option<PathBuf>,
     /// Read a bearer token from this environment variable instead of using
     /// the identity key to authenticate.
     #[arg(long, value_name = "VAR")]
     pub token_env: Option<String>,
+    /// For wss:// URLs: the CA certificate (PEM) that signed the gateway's
+    /// TLS certificate.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Target {
     fn options(&self) -> Result<ClientOptions, String> {
-        let key =
-            PublicKey::from_base64(&self.gateway_key).map_err(|e| format!("--gateway-key: {e}"))?;
-        let identity = match &self.identity {
-            Some(path) => keyfile::load(path).map_err(|e| e.to_string())?,
-            None => portcullis_crypto::StaticKeypair::generate().map_err(|e| e.to_string())?,
+        let config_dir = client_config::dir();
+        let key = match (&self.gateway_key, &config_dir) {
+            (Some(key), _) => PublicKey::from_base64(key).map_err(|e| format!("--gateway-key: {e}"))?,
+            (None, Some(dir)) => client_config::remembered_key(dir, &self.url)?.ok_or_else(|| {
+                format!("no key is remembered for {}; pass --gateway-key once (it is then remembered)", self.url)
+            })?,
+            (None, None) => return Err("pass --gateway-key (HOME is not set, so nothing is remembered)".into()),
+        };
+        let identity = match (&self.identity, &config_dir) {
+            (Some(path), _) => keyfile::load(path).map_err(|e| e.to_string())?,
+            (None, Some(dir)) => client_config::identity(dir)?,
+            (None, None) => return Err("pass --identity (HOME is not set)".into()),
         };
         let mut options = ClientOptions::new(&self.url, key, identity);
+        options.tls_ca = self.tls_ca.clone();
         if let Some(var) = &self.token_env {
             let token =
                 std::env::var(var).map_err(|_| format!("environment variable {var} is not set"))?;
             options.token = Some(Zeroizing::new(token));
         }
         Ok(options)
+    }
+
+    /// Connects; on success remembers an explicitly given gateway key.
+    async fn connect(&self) -> Result<Client, String> {
+        let options = self.options()?;
+        let key = options.gateway_key;
+        let client = Client::connect(options).await.map_err(|e| e.to_string())?;
+        if let (Some(_), Some(dir)) = (&self.gateway_key, client_config::dir())
+            && let Err(e) = client_config::remember(&dir, &self.url, &key)
+        {
+            eprintln!("portcullis: could not remember the gateway key: {e}");
+        }
+        Ok(client)
     }
 }
 
@@ -61,9 +87,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 pub fn connect(target: Target) -> ExitCode {
     let result = runtime().and_then(|rt| {
         rt.block_on(async {
-            let client = Client::connect(target.options()?)
-                .await
-                .map_err(|e| e.to_string())?;
+            let client = target.connect().await?;
             let hello = serde_json::to_value(client.hello()).map_err(|e| e.to_string())?;
             println!(
                 "{}",
@@ -83,9 +107,7 @@ pub fn ping(target: Target, count: u32) -> ExitCode {
     let result = runtime().and_then(|rt| {
         rt.block_on(async {
             let started = std::time::Instant::now();
-            let client = Client::connect(target.options()?)
-                .await
-                .map_err(|e| e.to_string())?;
+            let client = target.connect().await?;
             println!(
                 "connected in {:.2} ms",
                 started.elapsed().as_secs_f64() * 1e3

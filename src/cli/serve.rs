@@ -41,7 +41,14 @@ pub fn serve(config: &Path) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };
-    runtime.block_on(run(Arc::new(Gateway::new(config, key, policy))))
+    let mut gateway = Gateway::new(config, key, policy);
+    if let Some(files) = &gateway.config.tls {
+        match portcullis::tls::acceptor(&files.cert, &files.key) {
+            Ok(acceptor) => gateway.tls = Some(acceptor),
+            Err(e) => return fail(e),
+        }
+    }
+    runtime.block_on(run(Arc::new(gateway)))
 }
 
 async fn run(gateway: Arc<Gateway>) -> ExitCode {

@@ -25,7 +25,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -55,16 +55,33 @@ pub async fn serve(gateway: Arc<Gateway>, listener: TcpListener) {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(connection(gateway.clone(), stream, peer, permit));
+        let gateway = gateway.clone();
+        tokio::spawn(async move {
+            match gateway.tls.clone() {
+                None => connection(gateway, stream, peer, permit).await,
+                Some(acceptor) => {
+                    // The TLS handshake shares the request head's deadline.
+                    let limit = gateway.config.limits.header_timeout;
+                    match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => connection(gateway, tls, peer, permit).await,
+                        Ok(Err(e)) => debug!(%peer, "TLS handshake failed: {e}"),
+                        Err(_) => debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
+        });
     }
 }
 
-async fn connection(
+/// Serves HTTP on one connection (plain TCP or TLS).
+async fn connection<I>(
     gateway: Arc<Gateway>,
-    stream: TcpStream,
+    stream: I,
     peer: SocketAddr,
     permit: OwnedSemaphorePermit,
-) {
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let permit = Arc::new(permit);
     let header_timeout = gateway.config.limits.header_timeout;
     let service = service_fn(move |request| {

@@ -28,6 +28,8 @@ pub struct Gateway {
     pub shutdown: CancellationToken,
     pub connections: Arc<Semaphore>,
     pub dispatcher: Dispatcher,
+    /// Set when the config has `[tls]`.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Gateway {
@@ -44,6 +46,7 @@ impl Gateway {
             shutdown: CancellationToken::new(),
             connections,
             dispatcher: Dispatcher::new(),
+            tls: None,
         }
     }
 
