@@ -113,6 +113,15 @@ pub struct Client {
     events: tokio::sync::Mutex<mpsc::Receiver<Event>>,
     next_id: AtomicU64,
     closed: watch::Receiver<Option<String>>,
+    reader_task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Client {
+    /// Dropping the client closes the connection: the writer sends a close
+    /// frame once the outbox is gone, and the reader stops here.
+    fn drop(&mut self) {
+        self.reader_task.abort();
+    }
 }
 
 impl Client {
@@ -196,12 +205,16 @@ impl Client {
             while let Some(rec) = outbox_rx.recv().await {
                 let flush = outbox_rx.is_empty();
                 if writer.send(rec, flush).await.is_err() {
-                    break;
+                    return;
                 }
             }
+            // Every sender is gone: the client was dropped.
+            writer
+                .close(false, "the client closed the connection")
+                .await;
         });
         let (reader_shared, reader_outbox) = (shared.clone(), outbox.clone());
-        tokio::spawn(async move {
+        let reader_task = tokio::spawn(async move {
             let reason = loop {
                 match reader.recv().await {
                     Ok(plaintext) => {
@@ -225,6 +238,7 @@ impl Client {
             events: tokio::sync::Mutex::new(events_rx),
             next_id: AtomicU64::new(1),
             closed,
+            reader_task,
         })
     }
 

@@ -459,3 +459,54 @@ async fn still_serves(gw: &Gateway, k: &Keys) {
         .await
         .expect("and be served");
 }
+
+#[tokio::test]
+async fn sessions_per_principal_and_connections_are_capped() {
+    let k = keys();
+    let gw = Gateway::start(
+        &policy(&k, true),
+        "[limits]\nmax_sessions_per_principal = 2\nmax_connections = 8",
+    );
+    let first = gw.connect(&k.alice).await.unwrap();
+    let _second = gw.connect(&k.alice).await.unwrap();
+    let third = gw
+        .connect(&k.alice)
+        .await
+        .err()
+        .expect("a third session for alice");
+    assert!(third.to_string().contains("too many sessions"), "{third}");
+    // Another principal is not affected, and a closed session frees its place.
+    gw.connect(&k.bob).await.expect("bob has his own allowance");
+    drop(first);
+    let mut admitted = None;
+    for _ in 0..50 {
+        if let Ok(client) = gw.connect(&k.alice).await {
+            admitted = Some(client);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(admitted.is_some(), "alice's place was not freed");
+
+    // Fill the remaining connection permits with idle sockets: the next
+    // connection is closed at once, and served again once they go away.
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(tokio::net::TcpStream::connect(gw.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        gw.connect(&k.bob).await.is_err(),
+        "max_connections must refuse"
+    );
+    drop(idle);
+    let mut served = false;
+    for _ in 0..50 {
+        if gw.connect(&k.bob).await.is_ok() {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "permits were not released");
+}
