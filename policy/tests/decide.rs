@@ -34,11 +34,16 @@ fn path(root: &str, path: &str) -> Target {
 }
 
 fn run(program: &str) -> Target {
+    command(program, None, false)
+}
+
+fn command(program: &str, cwd: Option<(&str, &str)>, pty: bool) -> Target {
+    let cwd = cwd.map(|(root, path)| (root.to_string(), path.to_string()));
     Target::Command {
         program: program.into(),
-        cwd: None,
+        cwd,
         env: vec![],
-        pty: false,
+        pty,
     }
 }
 
@@ -334,33 +339,18 @@ shell = { commands = ["*"], pty = true, network = "allow" }
         Verdict::Allow
     );
 
-    let pty = Target::Command {
-        program: "git".into(),
-        cwd: None,
-        env: vec![],
-        pty: true,
-    };
+    let pty = command("git", None, true);
     assert_eq!(
         verdict(&p, "alice", query("shell.start", pty)),
         Verdict::Deny(Denial::NotGranted)
     );
 
-    let in_logs = Target::Command {
-        program: "git".into(),
-        cwd: Some(("logs".into(), "".into())),
-        env: vec![],
-        pty: false,
-    };
+    let in_logs = command("git", Some(("logs", "")), false);
     assert_eq!(
         verdict(&p, "alice", query("shell.exec", in_logs)),
         Verdict::Deny(Denial::NotGranted)
     );
-    let escape = Target::Command {
-        program: "git".into(),
-        cwd: Some(("main".into(), "..".into())),
-        env: vec![],
-        pty: false,
-    };
+    let escape = command("git", Some(("main", "..")), false);
     assert_eq!(
         verdict(&p, "alice", query("shell.exec", escape)),
         Verdict::Deny(Denial::BadPath)
