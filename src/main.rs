@@ -56,6 +56,13 @@ enum Command {
         #[command(flatten)]
         socket: cli::admin::Socket,
     },
+    /// Read and verify the audit log.
+    Audit {
+        #[command(subcommand)]
+        action: AuditCommand,
+        #[command(flatten)]
+        source: cli::audit::Source,
+    },
     /// Emergency stop: refuse every request until `resume` (survives restarts).
     Pause(cli::admin::Socket),
     /// Undo `pause`.
@@ -92,6 +99,16 @@ enum KeysCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// List entries, newest first.
+    List(cli::audit::ListArgs),
+    /// Show one entry in full.
+    Show { seq: u64 },
+    /// Recompute the hash chain; exit 0 if intact, 2 if broken (naming the first broken link).
+    Verify,
 }
 
 #[derive(Subcommand)]
@@ -144,6 +161,18 @@ fn main() -> ExitCode {
         },
         Command::Connect(target) => cli::connect::connect(target),
         Command::Status(socket) => cli::admin::status(&socket),
+        Command::Audit {
+            action: AuditCommand::List(args),
+            source,
+        } => cli::audit::list(source, args),
+        Command::Audit {
+            action: AuditCommand::Show { seq },
+            source,
+        } => cli::audit::show(source, seq),
+        Command::Audit {
+            action: AuditCommand::Verify,
+            source,
+        } => cli::audit::verify(source),
         Command::Sessions {
             action: None | Some(SessionsCommand::List),
             socket,

@@ -2,6 +2,7 @@
 //! module here and returns an exit code.
 
 pub mod admin;
+pub mod audit;
 pub mod connect;
 pub mod demo;
 pub mod keys;

@@ -41,7 +41,16 @@ pub fn serve(config: &Path) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };
-    let mut gateway = Gateway::new(config, key, policy);
+    let store_dir = config.state_dir.join("store");
+    let store = match portcullis_store::Store::open(&store_dir) {
+        Ok(store) => store,
+        Err(e) => return fail(e),
+    };
+    let audit = match store.audit() {
+        Ok(audit) => audit,
+        Err(e) => return fail(e),
+    };
+    let mut gateway = Gateway::new(config, key, policy, audit);
     if let Some(files) = &gateway.config.tls {
         match portcullis::tls::acceptor(&files.cert, &files.key) {
             Ok(acceptor) => gateway.tls = Some(acceptor),

@@ -9,6 +9,9 @@
 //! | DELETE | /v1/sessions/ID | closes one session |
 //! | POST | /v1/policy/reload | reloads the policy file (an invalid one is kept out) |
 //! | POST | /v1/pause, /v1/resume | the emergency stop (persists across restarts) |
+//! | GET | /v1/audit?FILTERS | audit entries, newest first (see `audit_filter`) |
+//! | GET | /v1/audit/verify | recompute the hash chain |
+//! | GET | /v1/audit/SEQ | one entry |
 
 use std::convert::Infallible;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -148,11 +151,112 @@ fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> Respon
                 ),
             }
         }
+        (&Method::GET, "/v1/audit") => match audit_filter(request.uri().query().unwrap_or("")) {
+            Ok(filter) => match gateway.audit.list(&filter) {
+                Ok(entries) => reply(StatusCode::OK, json!({ "entries": entries })),
+                Err(e) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "error": e.to_string() }),
+                ),
+            },
+            Err(e) => reply(StatusCode::BAD_REQUEST, json!({ "error": e })),
+        },
+        (&Method::GET, "/v1/audit/verify") => match gateway.audit.verify() {
+            Ok(report) => reply(StatusCode::OK, json!(report)),
+            Err(e) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({ "error": e.to_string() }),
+            ),
+        },
+        (&Method::GET, p) if p.starts_with("/v1/audit/") => {
+            match p["/v1/audit/".len()..]
+                .parse::<u64>()
+                .map(|seq| gateway.audit.get(seq))
+            {
+                Ok(Ok(Some(entry))) => reply(StatusCode::OK, json!(entry)),
+                Ok(Err(e)) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "error": e.to_string() }),
+                ),
+                _ => reply(
+                    StatusCode::NOT_FOUND,
+                    json!({ "error": "no such audit entry" }),
+                ),
+            }
+        }
         _ => reply(
             StatusCode::NOT_FOUND,
             json!({ "error": "unknown admin endpoint; see docs/OPERATIONS.md" }),
         ),
     }
+}
+
+/// `since`/`until` (Unix seconds), `principal`, `method` (glob),
+/// `decision`, `status`, `limit`; values percent-encoded.
+pub fn audit_filter(query: &str) -> Result<portcullis_store::Filter, String> {
+    let mut filter = portcullis_store::Filter::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value)?;
+        let seconds = || {
+            value
+                .parse::<i64>()
+                .ok()
+                .and_then(|s| jiff::Timestamp::from_second(s).ok())
+                .ok_or(format!("`{key}` must be Unix seconds"))
+        };
+        match key {
+            "since" => filter.since = Some(seconds()?),
+            "until" => filter.until = Some(seconds()?),
+            "principal" => filter.principal = Some(value),
+            "method" => filter.method = Some(value),
+            "decision" => filter.decision = Some(named(key, &value)?),
+            "status" => filter.status = Some(named(key, &value)?),
+            "limit" => {
+                filter.limit = value
+                    .parse()
+                    .map_err(|_| "`limit` must be a number".to_string())?
+            }
+            other => return Err(format!("unknown filter `{other}`")),
+        }
+    }
+    Ok(filter)
+}
+
+/// A snake_case enum value by name (`blocked`, `succeeded`, …).
+fn named<T: serde::de::DeserializeOwned>(key: &str, value: &str) -> Result<T, String> {
+    serde_json::from_value(Value::String(value.to_string()))
+        .map_err(|_| format!("unknown {key} `{value}`"))
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986).
+pub fn percent_encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+fn percent_decode(value: &str) -> Result<String, String> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = value.get(i + 1..i + 3).ok_or("bad percent-encoding")?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad percent-encoding")?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "query is not UTF-8".to_string())
 }
 
 fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {

@@ -18,8 +18,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use portcullis_policy::{
-    Capability, Denial, Policy, Summary, Verdict, decide, principal_by_key, principal_by_token,
-    principal_status, summary,
+    Capability, Denial, Policy, Summary, Target, Terms, Verdict, decide, principal_by_key,
+    principal_by_token, principal_status, summary,
+};
+use portcullis_store::{
+    Decision as AuditDecision, Kind, Record as AuditRecord, RequestContext as AuditContext, Status,
 };
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -27,7 +30,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::channel::{self, ChannelError, RecordReader, RecordWriter};
 use crate::frame::{
@@ -56,8 +59,18 @@ where
     .await
     {
         Ok(Ok(accepted)) => accepted,
-        Ok(Err(e)) => return debug!(%peer, "handshake failed: {e}"),
-        Err(_) => return debug!(%peer, "handshake timed out"),
+        Ok(Err(e)) => {
+            debug!(%peer, "handshake failed: {e}");
+            return gateway.security_event("handshake_failed", None, format!("peer {peer}: {e}"));
+        }
+        Err(_) => {
+            debug!(%peer, "handshake timed out");
+            return gateway.security_event(
+                "handshake_failed",
+                None,
+                format!("peer {peer}: timed out"),
+            );
+        }
     };
     let mut writer = accepted.writer;
     let policy = gateway.current_policy();
@@ -65,6 +78,11 @@ where
         Ok(principal) => principal,
         Err(why) => {
             warn!(%peer, key = %accepted.client_key.fingerprint(), "authentication refused: {why}");
+            let detail = format!(
+                "peer {peer}, key {}: {why}",
+                accepted.client_key.fingerprint()
+            );
+            gateway.security_event("auth_refused", None, detail);
             return writer.close(true, "authentication failed").await;
         }
     };
@@ -72,6 +90,11 @@ where
     if granted_names(&granted).is_empty() {
         // The same rule that closes a session whose grants were all revoked.
         warn!(%peer, %principal, "authentication refused: the principal has no grants");
+        gateway.security_event(
+            "auth_refused",
+            Some(&principal),
+            format!("peer {peer}: the principal has no grants"),
+        );
         return writer.close(true, "authentication failed").await;
     }
     let Some(guard) =
@@ -239,6 +262,8 @@ impl Session {
             }
             tokio::select! {
                 () = self.info.kill.cancelled() => {
+                    let detail = format!("session {}", self.info.id);
+                    gateway.security_event("session_killed", Some(&self.principal), detail);
                     break self.end(ErrorCode::RelayDisconnected, "the operator closed this session", true);
                 }
                 () = gateway.shutdown.cancelled(), if draining.is_none() => {
@@ -275,6 +300,10 @@ impl Session {
                     }
                     Ok(Err(e)) => {
                         debug!(session = self.info.id, "connection ended: {e}");
+                        if let ChannelError::Noise(noise) = &e {
+                            let detail = format!("session {}: {noise}", self.info.id);
+                            self.gateway.security_event("decrypt_failed", Some(&self.principal), detail);
+                        }
                         let _ = self.end(ErrorCode::RelayDisconnected, "the connection ended", false);
                         break match e {
                             ChannelError::Closed { .. } | ChannelError::WebSocket(_) => Ending::Broken,
@@ -376,17 +405,27 @@ impl Session {
             }
             Err(e) => {
                 let json = plaintext.get(1..).unwrap_or_default();
-                match (&e, frame::salvage_request_id(json)) {
-                    (RecordError::Frame(_), Some(id)) if !self.in_flight.contains_key(&id) => {
+                let salvaged =
+                    frame::salvage_request_id(json).filter(|id| !self.in_flight.contains_key(id));
+                let record = AuditRecord {
+                    kind: Kind::Request,
+                    started_at: jiff::Timestamp::now().to_string(),
+                    connection: Some(self.info.id),
+                    peer: Some(self.info.peer.to_string()),
+                    principal: Some(self.principal.clone()),
+                    request_id: salvaged.as_ref().map(ToString::to_string),
+                    detail: Some(e.to_string().chars().take(300).collect()),
+                    ..AuditRecord::default()
+                };
+                self.record_refusal(record, ErrorCode::InvalidRequest).await;
+                match salvaged {
+                    Some(id) if matches!(e, RecordError::Frame(_)) => {
                         self.respond_error(id, ErrorCode::InvalidRequest, e.to_string())
                             .await;
                     }
                     _ => {
-                        self.event(
-                            "relay.error",
-                            json!({"code": "invalid_request", "message": e.to_string()}),
-                        )
-                        .await
+                        let payload = json!({"code": "invalid_request", "message": e.to_string()});
+                        self.event("relay.error", payload).await;
                     }
                 }
             }
@@ -423,115 +462,173 @@ impl Session {
         done: &mpsc::UnboundedSender<RequestId>,
         draining: bool,
     ) {
-        let id = request.id.clone();
-        let Some(accepted) = &self.accepted else {
-            return self
-                .respond_error(
-                    id,
-                    ErrorCode::InvalidRequest,
-                    "send the event relay.accepted before any request",
-                )
-                .await;
-        };
-        if self.in_flight.contains_key(&id) {
+        let mut record = self.audit_record(&request);
+        if self.in_flight.contains_key(&request.id) {
             // Answering with this id would look like the answer to the first
             // request, so the refusal is an event.
-            let message = format!("request id `{id}` is already in flight");
-            return self
-                .event(
-                    "relay.error",
-                    json!({"code": "invalid_request", "id": id, "message": message}),
-                )
-                .await;
+            let message = format!("request id `{}` is already in flight", request.id);
+            record.detail = Some(message.clone());
+            self.record_refusal(record, ErrorCode::InvalidRequest).await;
+            let payload = json!({"code": "invalid_request", "id": request.id, "message": message});
+            return self.event("relay.error", payload).await;
         }
-        let limits = self.gateway.config.limits;
-        if draining {
-            return self
-                .respond_error(
-                    id,
-                    ErrorCode::RelayDisconnected,
-                    "the gateway is shutting down",
-                )
-                .await;
+        match self.admit(&request, &mut record, draining) {
+            Err(refusal) => {
+                self.record_refusal(record, refusal.code).await;
+                self.respond_error(request.id, refusal.code, refusal.message)
+                    .await;
+            }
+            Ok(terms) => self.execute(request, terms, record, done).await,
         }
-        if self.in_flight.len() >= limits.max_in_flight {
-            let message = format!(
-                "too many requests in flight (limit {}); wait for answers",
-                limits.max_in_flight
+    }
+
+    /// The checks before a request may run, in the order of
+    /// docs/PROTOCOL.md §5. Fills `record` with what it learns.
+    fn admit(
+        &self,
+        request: &Request,
+        record: &mut AuditRecord,
+        draining: bool,
+    ) -> Result<Terms, Refusal> {
+        let refuse = |code, message: &str| {
+            Err(Refusal {
+                code,
+                message: message.to_string(),
+            })
+        };
+        let Some(accepted) = &self.accepted else {
+            return refuse(
+                ErrorCode::InvalidRequest,
+                "send the event relay.accepted before any request",
             );
-            return self
-                .respond_error(id, ErrorCode::ProviderError, message)
-                .await;
+        };
+        if draining {
+            return refuse(ErrorCode::RelayDisconnected, "the gateway is shutting down");
+        }
+        let limit = self.gateway.config.limits.max_in_flight;
+        if self.in_flight.len() >= limit {
+            return refuse(
+                ErrorCode::ProviderError,
+                &format!("too many requests in flight (limit {limit}); wait for answers"),
+            );
         }
         if *self.gateway.paused.borrow() {
-            return self
-                .respond_error(
-                    id,
-                    ErrorCode::PolicyBlocked,
-                    "the gateway is paused by its operator",
-                )
-                .await;
+            record.decision = Some(AuditDecision::Blocked);
+            record.rule = Some("the gateway is paused".into());
+            return refuse(
+                ErrorCode::PolicyBlocked,
+                "the gateway is paused by its operator",
+            );
         }
-        let query = match query_for(&request) {
-            Ok(query) => query,
-            Err(error) => return self.send(Frame::Response(Response::err(id, error))).await,
-        };
+        let query = query_for(request).map_err(|e| Refusal {
+            code: e.code,
+            message: e.message,
+        })?;
+        describe_target(record, &query.target);
         let policy = self.gateway.current_policy();
         let decision = decide(&policy, &self.principal, &query, jiff::Timestamp::now());
+        record.capability = decision.capability.map(|c| c.as_str().to_string());
+        record.rule = Some(decision.rule.clone());
         if let Verdict::Deny(denial @ (Denial::UnknownMethod | Denial::CapabilityUnavailable)) =
             decision.verdict
         {
-            return self
-                .respond_error(id, error_code(denial), decision.rule)
-                .await;
+            return refuse(error_code(denial), &decision.rule);
         }
         if !self.gateway.dispatcher.serves(&request.method) {
-            let message = format!("method `{}` is not served by this gateway", request.method);
-            return self
-                .respond_error(id, ErrorCode::UnknownMethod, message)
-                .await;
+            return refuse(
+                ErrorCode::UnknownMethod,
+                &format!("method `{}` is not served by this gateway", request.method),
+            );
         }
         if let Some(capability) = decision.capability
             && !accepted.contains(capability.as_str())
-            && matches!(
-                decision.verdict,
-                Verdict::Allow | Verdict::RequireApproval(_)
-            )
+            && !matches!(decision.verdict, Verdict::Deny(_))
         {
             let message = format!(
                 "capability `{}` was not accepted in relay.accepted",
                 capability.as_str()
             );
-            return self
-                .respond_error(id, ErrorCode::CapabilityUnavailable, message)
-                .await;
+            return refuse(ErrorCode::CapabilityUnavailable, &message);
         }
         match decision.verdict {
+            Verdict::Allow => {
+                record.decision = Some(AuditDecision::Allowed);
+                if let Terms::File(file) = &decision.terms {
+                    record.path = Some(file.path.clone());
+                }
+                Ok(decision.terms)
+            }
             Verdict::Deny(denial) => {
-                self.respond_error(id, error_code(denial), decision.rule)
-                    .await
+                record.decision = Some(AuditDecision::Blocked);
+                refuse(error_code(denial), &decision.rule)
             }
             Verdict::RequireApproval(policy) => {
+                record.decision = Some(AuditDecision::Blocked);
                 let message = format!(
                     "this call needs operator approval ({}), and none was given",
                     policy.as_str()
                 );
-                self.respond_error(id, ErrorCode::ApprovalRequired, message)
-                    .await
+                refuse(ErrorCode::ApprovalRequired, &message)
             }
-            Verdict::Allow => self.execute(request, decision.terms, done),
         }
     }
 
-    /// Runs an allowed request in its own task; its answer goes straight to
-    /// the outbox, and `done` tells this loop the id is free again.
-    fn execute(
+    /// The entry every request starts from.
+    fn audit_record(&self, request: &Request) -> AuditRecord {
+        AuditRecord {
+            kind: Kind::Request,
+            started_at: jiff::Timestamp::now().to_string(),
+            connection: Some(self.info.id),
+            peer: Some(self.info.peer.to_string()),
+            principal: Some(self.principal.clone()),
+            request_id: Some(request.id.to_string()),
+            method: Some(request.method.clone()),
+            context: request.context.as_ref().map(|c| AuditContext {
+                session_id: c.session_id.clone(),
+                run_id: c.run_id.clone(),
+                tool_call_id: c.tool_call_id.clone(),
+            }),
+            policy_generation: Some(self.gateway.current_policy().generation.clone()),
+            ..AuditRecord::default()
+        }
+    }
+
+    /// Records a request answered without running; durable before the
+    /// answer (the caller sends it after this returns).
+    async fn record_refusal(&self, mut record: AuditRecord, code: ErrorCode) {
+        record.completed_at = Some(jiff::Timestamp::now().to_string());
+        record.status = Some(Status::Failed);
+        record.error_code = Some(code_name(code));
+        if let Err(e) = self.gateway.audit.append(record).await {
+            error!(session = self.info.id, "audit: {e}");
+        }
+    }
+
+    /// Runs an allowed request in its own task. A long-running method is
+    /// recorded before it starts; every request is recorded, durably, before
+    /// its answer. `done` tells this loop the id is free again.
+    async fn execute(
         &mut self,
         request: Request,
-        terms: portcullis_policy::Terms,
+        terms: Terms,
+        mut record: AuditRecord,
         done: &mpsc::UnboundedSender<RequestId>,
     ) {
         let id = request.id.clone();
+        let audit = self.gateway.audit.clone();
+        if LONG_RUNNING.contains(&request.method.as_str()) {
+            let start = AuditRecord {
+                kind: Kind::RequestStart,
+                ..record.clone()
+            };
+            if let Err(e) = audit.append(start).await {
+                error!(session = self.info.id, "audit: {e}");
+                let message = "the audit log is unavailable, so nothing was run";
+                return self
+                    .respond_error(id, ErrorCode::ProviderError, message)
+                    .await;
+            }
+        }
         let cancel = CancellationToken::new();
         self.in_flight.insert(id.clone(), cancel.clone());
         self.info.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -549,13 +646,29 @@ impl Session {
             self.end_reason.clone(),
         );
         tokio::spawn(async move {
-            let response = match gateway.dispatcher.run(call).await {
+            let mut response = match gateway.dispatcher.run(call).await {
                 Ok(result) => Response::ok(id.clone(), result),
                 Err(error) if error.code == ErrorCode::Cancelled => {
                     Response::err(id.clone(), end_reason.get().cloned().unwrap_or(error))
                 }
                 Err(error) => Response::err(id.clone(), error),
             };
+            record.completed_at = Some(jiff::Timestamp::now().to_string());
+            (record.status, record.error_code) = match &response.error {
+                None => (Some(Status::Succeeded), None),
+                Some(e) if e.code == ErrorCode::Cancelled => {
+                    (Some(Status::Cancelled), Some(code_name(e.code)))
+                }
+                Some(e) => (Some(Status::Failed), Some(code_name(e.code))),
+            };
+            if let Err(e) = audit.append(record).await {
+                error!("audit: {e}");
+                let error = ErrorBody::new(
+                    ErrorCode::ProviderError,
+                    "the audit log is unavailable; the outcome was not recorded",
+                );
+                response = Response::err(id.clone(), error);
+            }
             let _ = outbox
                 .send(Outbound::Frame(Frame::Response(response)))
                 .await;
@@ -578,6 +691,11 @@ impl Session {
         };
         if let Some(rule) = revoked {
             info!(session = self.info.id, principal = %self.principal, "revoked: {rule}");
+            self.gateway.security_event(
+                "session_revoked",
+                Some(&self.principal),
+                format!("session {}: {rule}", self.info.id),
+            );
             return Some(self.end(
                 ErrorCode::PermissionDenied,
                 "access was revoked by the policy",
@@ -635,6 +753,53 @@ fn granted_names(granted: &Summary) -> BTreeSet<String> {
         }
     }
     names
+}
+
+/// Why a request is answered without running.
+struct Refusal {
+    code: ErrorCode,
+    message: String,
+}
+
+/// Methods that get an audit entry when they start as well as when they end.
+const LONG_RUNNING: &[&str] = &[
+    "shell.exec",
+    "shell.start",
+    "shell.attach",
+    "tool.call",
+    "script.run",
+    "file.watch",
+    "file.search",
+];
+
+/// Root, path, command or tool, as the client asked (cut to 256 characters).
+fn describe_target(record: &mut AuditRecord, target: &Target) {
+    let cut = |s: &str| s.chars().take(256).collect::<String>();
+    match target {
+        Target::Path { root, path } => {
+            (record.root, record.path) = (Some(cut(root)), Some(cut(path)))
+        }
+        Target::Transfer { from, to } => {
+            record.root = Some(cut(&from.0));
+            record.path = Some(format!("{} -> {}:{}", cut(&from.1), cut(&to.0), cut(&to.1)));
+        }
+        Target::Command { program, cwd, .. } => {
+            record.command = Some(cut(program));
+            if let Some((root, path)) = cwd {
+                (record.root, record.path) = (Some(cut(root)), Some(cut(path)));
+            }
+        }
+        Target::Tool { name } => record.tool = Some(cut(name)),
+        Target::Script { .. } | Target::None => {}
+    }
+}
+
+/// The wire name of an error code (`permission_denied`, …).
+fn code_name(code: ErrorCode) -> String {
+    serde_json::to_value(code)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 fn error_code(denial: Denial) -> ErrorCode {

@@ -13,6 +13,8 @@ use serde::Serialize;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
+use portcullis_store::{AuditLog, Kind, Record};
+
 use crate::config::Config;
 use crate::server::dispatch::Dispatcher;
 
@@ -30,10 +32,12 @@ pub struct Gateway {
     pub dispatcher: Dispatcher,
     /// Set when the config has `[tls]`.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Every request and security event, durable before it is answered.
+    pub audit: AuditLog,
 }
 
 impl Gateway {
-    pub fn new(config: Config, key: StaticKeypair, policy: Policy) -> Self {
+    pub fn new(config: Config, key: StaticKeypair, policy: Policy, audit: AuditLog) -> Self {
         let paused = config.state_dir.join("paused").exists();
         let connections = Arc::new(Semaphore::new(config.limits.max_connections));
         Self {
@@ -47,6 +51,7 @@ impl Gateway {
             connections,
             dispatcher: Dispatcher::new(),
             tls: None,
+            audit,
         }
     }
 
@@ -57,10 +62,47 @@ impl Gateway {
     /// Loads the policy file again. An invalid file keeps the old policy.
     /// Sessions see the change through their `watch` receiver.
     pub fn reload_policy(&self) -> Result<String, PolicyErrors> {
-        let policy = load_file(&self.config.policy)?;
+        let result = load_file(&self.config.policy);
+        let (detail, generation) = match &result {
+            Ok(policy) => (
+                format!("generation {}", policy.generation),
+                Some(policy.generation.clone()),
+            ),
+            Err(errors) => (format!("kept the old policy: {}", errors.0.len()), None),
+        };
+        self.security_event(
+            if generation.is_some() {
+                "policy_reloaded"
+            } else {
+                "policy_reload_failed"
+            },
+            None,
+            detail,
+        );
+        let policy = result?;
         let generation = policy.generation.clone();
         self.policy.send_replace(Arc::new(policy));
         Ok(generation)
+    }
+
+    /// Records a security event. Not awaited: the event is not the answer
+    /// to any request, and the writer keeps the order.
+    pub fn security_event(&self, event: &str, principal: Option<&str>, detail: String) {
+        let record = Record {
+            kind: Kind::Security,
+            started_at: jiff::Timestamp::now().to_string(),
+            principal: principal.map(str::to_string),
+            event: Some(event.to_string()),
+            detail: Some(detail),
+            policy_generation: Some(self.current_policy().generation.clone()),
+            ..Record::default()
+        };
+        let audit = self.audit.clone();
+        tokio::spawn(async move {
+            if let Err(e) = audit.append(record).await {
+                tracing::error!("audit: {e}");
+            }
+        });
     }
 
     /// The emergency stop. Persisted as a file in the state directory so it

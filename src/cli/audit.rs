@@ -1,0 +1,258 @@
+//! `portcullis audit list|show|verify`. While the daemon runs, sled belongs
+//! to it, so the CLI asks through the admin socket; when it is stopped the
+//! CLI opens the store itself. The output is the same either way.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use hyper::Method;
+use portcullis::config::Config;
+use portcullis::server::admin;
+use portcullis_store::{Entry, Filter, Store, VerifyReport};
+use serde_json::{Value, json};
+
+use crate::cli::fail;
+
+#[derive(clap::Args)]
+pub struct Source {
+    /// The daemon's configuration (for its admin socket and state directory).
+    #[arg(long, global = true, default_value = "/etc/portcullis/portcullis.toml")]
+    pub config: PathBuf,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct ListArgs {
+    /// Only entries since: a duration back from now (`1h`, `30m`) or a time (RFC 3339).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only entries until (same forms as --since).
+    #[arg(long)]
+    pub until: Option<String>,
+    #[arg(long)]
+    pub principal: Option<String>,
+    /// Method glob, e.g. `file.*`.
+    #[arg(long)]
+    pub method: Option<String>,
+    /// allowed, approved or blocked.
+    #[arg(long)]
+    pub decision: Option<String>,
+    /// succeeded, failed or cancelled.
+    #[arg(long)]
+    pub status: Option<String>,
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+}
+
+/// Where the entries come from.
+enum Backend {
+    Daemon(PathBuf),
+    Offline(portcullis_store::AuditLog, Store),
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+fn backend(source: &Source, rt: &tokio::runtime::Runtime) -> Result<Backend, String> {
+    let config = Config::load(&source.config).map_err(|e| e.to_string())?;
+    if rt
+        .block_on(admin::request(
+            &config.admin_socket,
+            Method::GET,
+            "/v1/status",
+        ))
+        .is_ok()
+    {
+        return Ok(Backend::Daemon(config.admin_socket));
+    }
+    let store = Store::open(&config.state_dir.join("store")).map_err(|e| e.to_string())?;
+    let log = store.audit().map_err(|e| e.to_string())?;
+    Ok(Backend::Offline(log, store))
+}
+
+fn daemon(
+    rt: &tokio::runtime::Runtime,
+    socket: &std::path::Path,
+    path: &str,
+) -> Result<Value, String> {
+    let (status, body) = rt.block_on(admin::request(socket, Method::GET, path))?;
+    if status.is_success() {
+        Ok(body)
+    } else {
+        Err(body["error"]
+            .as_str()
+            .unwrap_or("the daemon refused")
+            .to_string())
+    }
+}
+
+/// A snake_case enum value from a flag (`--decision blocked`).
+fn named<T: serde::de::DeserializeOwned>(
+    flag: &str,
+    value: &Option<String>,
+) -> Result<Option<T>, String> {
+    value
+        .as_ref()
+        .map(|v| {
+            serde_json::from_value(Value::String(v.clone()))
+                .map_err(|_| format!("--{flag}: unknown value `{v}`"))
+        })
+        .transpose()
+}
+
+fn time_arg(flag: &str, value: &str) -> Result<jiff::Timestamp, String> {
+    if let Ok(time) = value.parse::<jiff::Timestamp>() {
+        return Ok(time);
+    }
+    let back = portcullis_policy::units::parse_duration(value).map_err(|_| {
+        format!("--{flag} `{value}`: expected a duration back from now (`1h`) or a time (2026-11-21T10:00:00Z)")
+    })?;
+    let span = jiff::SignedDuration::try_from(back).map_err(|e| e.to_string())?;
+    jiff::Timestamp::now()
+        .checked_sub(span)
+        .map_err(|e| e.to_string())
+}
+
+pub fn list(source: Source, args: ListArgs) -> ExitCode {
+    let result = runtime().and_then(|rt| {
+        let since = args
+            .since
+            .as_deref()
+            .map(|v| time_arg("since", v))
+            .transpose()?;
+        let until = args
+            .until
+            .as_deref()
+            .map(|v| time_arg("until", v))
+            .transpose()?;
+        let filter = Filter {
+            since,
+            until,
+            principal: args.principal.clone(),
+            method: args.method.clone(),
+            decision: named("decision", &args.decision)?,
+            status: named("status", &args.status)?,
+            limit: args.limit,
+        };
+        match backend(&source, &rt)? {
+            Backend::Offline(log, _store) => log.list(&filter).map_err(|e| e.to_string()),
+            Backend::Daemon(socket) => {
+                let mut query = vec![format!("limit={}", filter.limit)];
+                let mut add = |k: &str, v: Option<String>| {
+                    if let Some(v) = v {
+                        query.push(format!("{k}={}", admin::percent_encode(&v)));
+                    }
+                };
+                add("since", filter.since.map(|t| t.as_second().to_string()));
+                add("until", filter.until.map(|t| t.as_second().to_string()));
+                add("principal", filter.principal.clone());
+                add("method", filter.method.clone());
+                add("decision", args.decision.clone());
+                add("status", args.status.clone());
+                let body = daemon(&rt, &socket, &format!("/v1/audit?{}", query.join("&")))?;
+                serde_json::from_value(body["entries"].clone()).map_err(|e| e.to_string())
+            }
+        }
+    });
+    match result {
+        Ok(entries) => {
+            print_entries(&entries, source.json);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn print_entries(entries: &[Entry], json: bool) {
+    if json {
+        for entry in entries {
+            println!("{}", serde_json::to_string(entry).unwrap_or_default());
+        }
+        return;
+    }
+    println!(
+        "{:>7}  {:<24} {:<14} {:<16} {:<9} {:<10} ERROR",
+        "SEQ", "TIME", "PRINCIPAL", "METHOD/EVENT", "DECISION", "STATUS"
+    );
+    for e in entries {
+        let r = &e.record;
+        let name = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        let word = |v: Value| v.as_str().map(str::to_string).unwrap_or_else(|| "-".into());
+        println!(
+            "{:>7}  {:<24} {:<14} {:<16} {:<9} {:<10} {}",
+            e.seq,
+            r.started_at.chars().take(24).collect::<String>(),
+            name(&r.principal),
+            r.method
+                .clone()
+                .or(r.event.clone())
+                .unwrap_or_else(|| "-".into()),
+            word(json!(r.decision)),
+            word(json!(r.status)),
+            name(&r.error_code)
+        );
+    }
+}
+
+pub fn show(source: Source, seq: u64) -> ExitCode {
+    let result = runtime().and_then(|rt| match backend(&source, &rt)? {
+        Backend::Offline(log, _store) => log
+            .get(seq)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no audit entry {seq}")),
+        Backend::Daemon(socket) => {
+            serde_json::from_value(daemon(&rt, &socket, &format!("/v1/audit/{seq}"))?)
+                .map_err(|e| e.to_string())
+        }
+    });
+    match result {
+        Ok(entry) => {
+            let text = if source.json {
+                serde_json::to_string(&entry)
+            } else {
+                serde_json::to_string_pretty(&entry)
+            };
+            println!("{}", text.unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Exit 0 when the whole chain holds, 2 when it is broken, 1 on error.
+pub fn verify(source: Source) -> ExitCode {
+    let result: Result<VerifyReport, String> =
+        runtime().and_then(|rt| match backend(&source, &rt)? {
+            Backend::Offline(log, _store) => log.verify().map_err(|e| e.to_string()),
+            Backend::Daemon(socket) => {
+                serde_json::from_value(daemon(&rt, &socket, "/v1/audit/verify")?)
+                    .map_err(|e| e.to_string())
+            }
+        });
+    match result {
+        Ok(report) => {
+            if source.json {
+                println!("{}", json!(report));
+            } else if let Some(error) = &report.error {
+                println!("BROKEN after {} good entries: {error}", report.entries);
+            } else {
+                println!(
+                    "ok: {} entries, chain intact up to entry {} (head {})",
+                    report.entries, report.last_seq, report.head
+                );
+            }
+            if report.error.is_none() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(crate::cli::EXIT_NO)
+            }
+        }
+        Err(e) => fail(e),
+    }
+}

@@ -1,0 +1,73 @@
+//! `portcullis-store`: the only code that knows sled.
+//!
+//! Today it holds the audit log ([`AuditLog`]): one entry per request and
+//! per security event, hash-chained, written by a single writer thread that
+//! commits in groups and makes each group durable (sled's flush, then an
+//! `fdatasync` of its log file) before any caller hears back.
+
+#![forbid(unsafe_code)]
+
+mod audit;
+
+use std::path::{Path, PathBuf};
+
+pub use audit::{
+    AuditLog, Decision, Entry, Filter, Kind, Record, RequestContext, Status, VerifyError,
+    VerifyReport,
+};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error(
+        "the store {path} is in use by another process (is the daemon running? use its admin socket)"
+    )]
+    Locked { path: PathBuf },
+    #[error("cannot open the store {path}: {message}")]
+    Open { path: PathBuf, message: String },
+    #[error("store I/O: {0}")]
+    Io(String),
+    #[error("audit entry {seq} is unreadable: {message}")]
+    Corrupt { seq: u64, message: String },
+    #[error(
+        "the audit log stopped after a write failure; restart the daemon once the disk is healthy"
+    )]
+    Failed,
+}
+
+/// The daemon's sled database.
+pub struct Store {
+    db: sled::Db,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating) the store in `dir`. Only one process may hold it.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
+            path: dir.into(),
+            message: e.to_string(),
+        })?;
+        let db = sled::Config::new().path(dir).open().map_err(|e| match e {
+            sled::Error::Io(io)
+                if io.kind() == std::io::ErrorKind::WouldBlock
+                    || io.to_string().contains("lock") =>
+            {
+                StoreError::Locked { path: dir.into() }
+            }
+            other => StoreError::Open {
+                path: dir.into(),
+                message: other.to_string(),
+            },
+        })?;
+        Ok(Self {
+            db,
+            path: dir.to_path_buf(),
+        })
+    }
+
+    /// The audit log, with its writer thread started.
+    pub fn audit(&self) -> Result<AuditLog, StoreError> {
+        AuditLog::open(&self.db, &self.path)
+    }
+}

@@ -1,0 +1,251 @@
+//! The audit log end to end: every request ends in exactly one completing
+//! entry, security events are recorded, and `portcullis audit` reads the
+//! same log through the running daemon and, once it stops, from the store.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{Gateway, key_b64};
+use portcullis::frame::RequestId;
+use portcullis_crypto::StaticKeypair;
+use portcullis_store::{Decision, Entry, Kind, Status};
+use serde_json::json;
+
+fn entries(gw: &Gateway) -> Vec<Entry> {
+    let config = gw.dir.join("portcullis.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["audit", "list", "--json", "--limit", "100000", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn cli(gw: &Gateway, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(args)
+        .arg("--config")
+        .arg(gw.dir.join("portcullis.toml"))
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn every_request_ends_in_exactly_one_entry() {
+    let (alice, bob) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let policy = format!(
+        "[[principal]]\nid = \"alice\"\npublic_key = \"{}\"\n[[principal]]\nid = \"bob\"\npublic_key = \"{}\"\n\
+         [[root]]\nid = \"main\"\npath = \"WORKSPACE\"\nvirtual_path = \"/w\"\n\
+         [[grant]]\nid = \"g\"\nprincipals = [\"alice\"]\nresources = {{}}\nfileops = {{ main = \"ro\" }}\n\
+         [[grant]]\nid = \"b\"\nprincipals = [\"bob\"]\nfileops = {{ main = \"ro\" }}\n",
+        key_b64(&alice),
+        key_b64(&bob)
+    );
+    let mut gw = Gateway::start(&policy, "");
+    let client = gw.connect(&alice).await.unwrap();
+
+    let mut sent = 0;
+    let mut send = |method: &'static str, params: serde_json::Value| {
+        sent += 1;
+        (method, params)
+    };
+    let before_accept = send("resource.list", json!({}));
+    assert!(
+        client
+            .request(before_accept.0, before_accept.1)
+            .await
+            .is_err()
+    );
+    client.accept_all().await.unwrap();
+    for _ in 0..3 {
+        let (m, p) = send("resource.list", json!({}));
+        client.request(m, p).await.unwrap();
+    }
+    for (m, p) in [
+        send("file.write", json!({"root_id": "main", "path": "a"})),
+        send(
+            "file.read",
+            json!({"root_id": "main", "path": "../../etc/passwd"}),
+        ),
+        send("no.such", json!({})),
+        send("computer.see", json!({})),
+        send("file.read", json!({"root_id": 7})),
+    ] {
+        assert!(client.request(m, p).await.is_err());
+    }
+    sent += 1;
+    let malformed = client
+        .start_with_id(RequestId::new("bad-1").unwrap(), "Bad.Method", json!({}))
+        .await
+        .unwrap();
+    assert!(malformed.response().await.is_err());
+    // Bob may not list resources: blocked by policy.
+    let bob_client = gw.connect(&bob).await.unwrap();
+    bob_client.accept_all().await.unwrap();
+    assert!(
+        bob_client
+            .request("resource.list", json!({}))
+            .await
+            .is_err()
+    );
+    // Someone without a key knocks.
+    assert!(
+        gw.connect(&StaticKeypair::generate().unwrap())
+            .await
+            .is_err()
+    );
+
+    // Security events are written without waiting; give the writer a moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let all = entries(&gw);
+    let requests: Vec<&Entry> = all
+        .iter()
+        .filter(|e| {
+            e.record.kind == Kind::Request && e.record.principal.as_deref() == Some("alice")
+        })
+        .collect();
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for e in &requests {
+        *per_id
+            .entry(
+                e.record
+                    .request_id
+                    .clone()
+                    .expect("request entries carry the request id"),
+            )
+            .or_default() += 1;
+    }
+    assert_eq!(
+        requests.len(),
+        sent,
+        "one entry per request sent: {requests:#?}"
+    );
+    assert!(per_id.values().all(|n| *n == 1), "{per_id:?}");
+    for e in &requests {
+        assert!(
+            e.record.completed_at.is_some() && e.record.status.is_some(),
+            "{e:?}"
+        );
+    }
+    let allowed: Vec<_> = requests
+        .iter()
+        .filter(|e| e.record.decision == Some(Decision::Allowed))
+        .collect();
+    assert_eq!(allowed.len(), 3);
+    assert!(
+        allowed
+            .iter()
+            .all(|e| e.record.status == Some(Status::Succeeded)
+                && e.record.method.as_deref() == Some("resource.list"))
+    );
+    // No provider serves files yet: answered unknown_method, with what was asked.
+    let write = requests
+        .iter()
+        .find(|e| e.record.method.as_deref() == Some("file.write"))
+        .unwrap();
+    assert_eq!(write.record.error_code.as_deref(), Some("unknown_method"));
+    assert_eq!(
+        (write.record.root.as_deref(), write.record.path.as_deref()),
+        (Some("main"), Some("a"))
+    );
+    let blocked: Vec<&Entry> = all
+        .iter()
+        .filter(|e| e.record.principal.as_deref() == Some("bob") && e.record.kind == Kind::Request)
+        .collect();
+    assert_eq!(blocked.len(), 1);
+    let read_only = blocked[0];
+    assert_eq!(read_only.record.decision, Some(Decision::Blocked));
+    assert_eq!(
+        read_only.record.error_code.as_deref(),
+        Some("permission_denied")
+    );
+    assert!(
+        read_only
+            .record
+            .rule
+            .as_deref()
+            .unwrap()
+            .contains("no grant gives principal `bob` resources"),
+        "{:?}",
+        read_only.record.rule
+    );
+    let malformed = requests
+        .iter()
+        .find(|e| e.record.request_id.as_deref() == Some("bad-1"))
+        .unwrap();
+    assert_eq!(
+        malformed.record.error_code.as_deref(),
+        Some("invalid_request")
+    );
+    assert!(
+        all.iter()
+            .any(|e| e.record.event.as_deref() == Some("auth_refused")),
+        "security events are recorded"
+    );
+    assert!(
+        !all.iter().any(|e| serde_json::to_string(e)
+            .unwrap()
+            .contains(&gw.dir.display().to_string())),
+        "no host path in the log"
+    );
+
+    let online = cli(&gw, &["audit", "verify"]);
+    assert!(
+        online.status.success(),
+        "{}",
+        String::from_utf8_lossy(&online.stdout)
+    );
+    let table = String::from_utf8_lossy(
+        &cli(
+            &gw,
+            &[
+                "audit",
+                "list",
+                "--principal",
+                "alice",
+                "--method",
+                "file.*",
+            ],
+        )
+        .stdout,
+    )
+    .to_string();
+    assert_eq!(table.lines().count(), 1 + 3, "{table}");
+
+    // Stopped, the CLI reads the store itself, with the same answers.
+    drop((client, bob_client));
+    gw.signal("TERM");
+    gw.wait_exit(Duration::from_secs(15)).expect("stopped");
+    let offline_entries = entries(&gw);
+    assert!(
+        offline_entries.len() >= all.len(),
+        "nothing acknowledged is lost"
+    );
+    assert!(all.iter().all(|e| offline_entries.contains(e)));
+    let offline = cli(&gw, &["audit", "verify"]);
+    assert!(
+        offline.status.success(),
+        "{}",
+        String::from_utf8_lossy(&offline.stderr)
+    );
+    assert!(String::from_utf8_lossy(&offline.stdout).starts_with("ok: "));
+    let shown = cli(
+        &gw,
+        &["audit", "show", &read_only.seq.to_string(), "--json"],
+    );
+    let shown: Entry = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(&shown, read_only);
+}
