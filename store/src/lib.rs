@@ -12,8 +12,8 @@ mod audit;
 use std::path::{Path, PathBuf};
 
 pub use audit::{
-    AuditLog, Decision, Entry, Filter, Kind, Record, RequestContext, Status, VerifyError,
-    VerifyReport,
+    AuditLog, Decision, Durability, Entry, Filter, Kind, Record, RequestContext, Status,
+    VerifyError, VerifyReport,
 };
 use thiserror::Error;
 
@@ -68,6 +68,11 @@ impl Store {
 
     /// The audit log, with its writer thread started.
     pub fn audit(&self) -> Result<AuditLog, StoreError> {
-        AuditLog::open(&self.db, &self.path)
+        AuditLog::open(&self.db, &self.path, Durability::Fdatasync)
+    }
+
+    /// The audit log with a chosen durability; only benchmarks choose less.
+    pub fn audit_with(&self, durability: Durability) -> Result<AuditLog, StoreError> {
+        AuditLog::open(&self.db, &self.path, durability)
     }
 }

@@ -74,6 +74,16 @@ impl Gateway {
         self.url = format!("ws://{addr}");
     }
 
+    /// SIGKILL, then start again on the same directory: a crash.
+    pub fn crash_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let (child, addr) = spawn(&self.dir);
+        self.child = child;
+        self.addr = addr;
+        self.url = format!("ws://{addr}");
+    }
+
     pub fn admin_socket(&self) -> PathBuf {
         self.dir.join("admin.sock")
     }
