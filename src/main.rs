@@ -107,8 +107,18 @@ enum AuditCommand {
     List(cli::audit::ListArgs),
     /// Show one entry in full.
     Show { seq: u64 },
-    /// Recompute the hash chain; exit 0 if intact, 2 if broken (naming the first broken link).
-    Verify,
+    /// Recompute the hash chain and check the signed checkpoints; exit 0 if
+    /// intact, 2 if broken (naming the first broken link).
+    Verify(cli::audit::VerifyArgs),
+    /// Write the log (entries and signed checkpoints) as JSON Lines; the
+    /// daemon must be stopped.
+    Export {
+        /// Write here instead of stdout.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// Print the audit public key (base64) that signs checkpoints.
+    Key,
 }
 
 #[derive(Subcommand)]
@@ -170,9 +180,17 @@ fn main() -> ExitCode {
             source,
         } => cli::audit::show(source, seq),
         Command::Audit {
-            action: AuditCommand::Verify,
+            action: AuditCommand::Verify(args),
             source,
-        } => cli::audit::verify(source),
+        } => cli::audit::verify(source, args),
+        Command::Audit {
+            action: AuditCommand::Export { output },
+            source,
+        } => cli::audit::export(source, output),
+        Command::Audit {
+            action: AuditCommand::Key,
+            source,
+        } => cli::audit::key(source),
         Command::Sessions {
             action: None | Some(SessionsCommand::List),
             socket,

@@ -235,13 +235,65 @@ async fn every_request_ends_in_exactly_one_entry() {
         "nothing acknowledged is lost"
     );
     assert!(all.iter().all(|e| offline_entries.contains(e)));
-    let offline = cli(&gw, &["audit", "verify"]);
+    let offline = cli(&gw, &["audit", "verify", "--json"]);
     assert!(
         offline.status.success(),
         "{}",
         String::from_utf8_lossy(&offline.stderr)
     );
-    assert!(String::from_utf8_lossy(&offline.stdout).starts_with("ok: "));
+    let report: serde_json::Value = serde_json::from_slice(&offline.stdout).unwrap();
+    assert_eq!(
+        report["signed_through"], report["last_seq"],
+        "a clean stop signs the whole log: {report}"
+    );
+
+    // An export verifies anywhere with the audit public key alone.
+    let key = String::from_utf8(cli(&gw, &["audit", "key"]).stdout).unwrap();
+    let export = gw.dir.join("export.jsonl");
+    assert!(
+        cli(
+            &gw,
+            &["audit", "export", "--output", export.to_str().unwrap()]
+        )
+        .status
+        .success()
+    );
+    let checked = cli(
+        &gw,
+        &[
+            "audit",
+            "verify",
+            "--file",
+            export.to_str().unwrap(),
+            "--key",
+            key.trim(),
+        ],
+    );
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stdout)
+    );
+    let other = portcullis_store::AuditSigner::load_or_create(&gw.dir.join("other.key"))
+        .unwrap()
+        .public_key_base64();
+    let forged = cli(
+        &gw,
+        &[
+            "audit",
+            "verify",
+            "--file",
+            export.to_str().unwrap(),
+            "--key",
+            &other,
+        ],
+    );
+    assert_eq!(
+        forged.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&forged.stdout)
+    );
     let shown = cli(
         &gw,
         &["audit", "show", &read_only.seq.to_string(), "--json"],

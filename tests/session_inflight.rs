@@ -106,7 +106,7 @@ async fn fixture(max_in_flight: usize) -> Fixture {
     let key = StaticKeypair::generate().unwrap();
     let gateway_key = *key.public();
     let store = portcullis_store::Store::open(&dir.join("store")).unwrap();
-    let mut gateway = Gateway::new(config, key, policy, store.audit().unwrap());
+    let mut gateway = Gateway::new(config, key, policy, store.audit(None).unwrap());
     let dropped_early = Arc::new(AtomicUsize::new(0));
     gateway.dispatcher.register(Arc::new(SlowTool {
         dropped_early: dropped_early.clone(),

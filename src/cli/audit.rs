@@ -2,6 +2,7 @@
 //! to it, so the CLI asks through the admin socket; when it is stopped the
 //! CLI opens the store itself. The output is the same either way.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -72,7 +73,7 @@ fn backend(source: &Source, rt: &tokio::runtime::Runtime) -> Result<Backend, Str
         return Ok(Backend::Daemon(config.admin_socket));
     }
     let store = Store::open(&config.state_dir.join("store")).map_err(|e| e.to_string())?;
-    let log = store.audit().map_err(|e| e.to_string())?;
+    let log = store.audit(None).map_err(|e| e.to_string())?;
     Ok(Backend::Offline(log, store))
 }
 
@@ -225,16 +226,53 @@ pub fn show(source: Source, seq: u64) -> ExitCode {
     }
 }
 
+#[derive(clap::Args)]
+pub struct VerifyArgs {
+    /// Verify an export (`audit export`) instead of the store.
+    #[arg(long, value_name = "EXPORT")]
+    pub file: Option<PathBuf>,
+    /// The audit public key (base64, from `portcullis audit key`) to check
+    /// checkpoint signatures with [default: the one in the state directory].
+    #[arg(long)]
+    pub key: Option<String>,
+}
+
+/// The key to check signatures with: `--key`, else the state directory's.
+fn verifying_key(source: &Source, given: &Option<String>) -> Result<Option<Vec<u8>>, String> {
+    if let Some(key) = given {
+        return portcullis_store::decode_public_key(key).map(Some);
+    }
+    let config = Config::load(&source.config).map_err(|e| e.to_string())?;
+    let signer = portcullis_store::AuditSigner::load(&config.state_dir.join("audit.key"))
+        .map_err(|e| e.to_string())?;
+    Ok(signer.map(|s| s.public_key().to_vec()))
+}
+
 /// Exit 0 when the whole chain holds, 2 when it is broken, 1 on error.
-pub fn verify(source: Source) -> ExitCode {
-    let result: Result<VerifyReport, String> =
-        runtime().and_then(|rt| match backend(&source, &rt)? {
-            Backend::Offline(log, _store) => log.verify().map_err(|e| e.to_string()),
+pub fn verify(source: Source, args: VerifyArgs) -> ExitCode {
+    let result: Result<VerifyReport, String> = runtime().and_then(|rt| {
+        if let Some(file) = &args.file {
+            let key = args
+                .key
+                .as_deref()
+                .ok_or("--file needs --key (the audit public key; `portcullis audit key`)")?;
+            let key = portcullis_store::decode_public_key(key)?;
+            let reader = std::io::BufReader::new(
+                std::fs::File::open(file).map_err(|e| format!("{}: {e}", file.display()))?,
+            );
+            return portcullis_store::verify_export(reader, &key).map_err(|e| e.to_string());
+        }
+        match backend(&source, &rt)? {
+            Backend::Offline(log, _store) => {
+                let key = verifying_key(&source, &args.key)?;
+                log.verify(key.as_deref()).map_err(|e| e.to_string())
+            }
             Backend::Daemon(socket) => {
                 serde_json::from_value(daemon(&rt, &socket, "/v1/audit/verify")?)
                     .map_err(|e| e.to_string())
             }
-        });
+        }
+    });
     match result {
         Ok(report) => {
             if source.json {
@@ -243,8 +281,12 @@ pub fn verify(source: Source) -> ExitCode {
                 println!("BROKEN after {} good entries: {error}", report.entries);
             } else {
                 println!(
-                    "ok: {} entries, chain intact up to entry {} (head {})",
-                    report.entries, report.last_seq, report.head
+                    "ok: {} entries, chain intact up to entry {} (head {}); {} signed checkpoint(s), signed through entry {}",
+                    report.entries,
+                    report.last_seq,
+                    report.head,
+                    report.checkpoints,
+                    report.signed_through
                 );
             }
             if report.error.is_none() {
@@ -252,6 +294,51 @@ pub fn verify(source: Source) -> ExitCode {
             } else {
                 ExitCode::from(crate::cli::EXIT_NO)
             }
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Writes the log as JSON Lines (entries and signed checkpoints). Needs the
+/// daemon stopped: the export is read straight from the store.
+pub fn export(source: Source, output: Option<PathBuf>) -> ExitCode {
+    let result = (|| {
+        let config = Config::load(&source.config).map_err(|e| e.to_string())?;
+        let store = Store::open(&config.state_dir.join("store")).map_err(|e| {
+            format!("{e}; export reads the store directly, so stop the daemon first")
+        })?;
+        let log = store.audit(None).map_err(|e| e.to_string())?;
+        let mut out: Box<dyn std::io::Write> = match &output {
+            Some(path) => Box::new(std::io::BufWriter::new(
+                std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
+            )),
+            None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+        };
+        let count = log.export(&mut out).map_err(|e| e.to_string())?;
+        out.flush().map_err(|e| e.to_string())?;
+        Ok::<u64, String>(count)
+    })();
+    match result {
+        Ok(count) => {
+            if output.is_some() {
+                eprintln!("exported {count} entries");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Prints the audit public key, for `audit verify --file … --key …`.
+pub fn key(source: Source) -> ExitCode {
+    match verifying_key(&source, &None) {
+        Ok(Some(key)) => {
+            use base64::Engine as _;
+            println!("{}", base64::engine::general_purpose::STANDARD.encode(key));
+            ExitCode::SUCCESS
+        }
+        Ok(None) => {
+            fail("no audit key yet: the daemon creates STATE_DIR/audit.key when it first starts")
         }
         Err(e) => fail(e),
     }

@@ -46,7 +46,12 @@ pub fn serve(config: &Path) -> ExitCode {
         Ok(store) => store,
         Err(e) => return fail(e),
     };
-    let audit = match store.audit() {
+    let signer =
+        match portcullis_store::AuditSigner::load_or_create(&config.state_dir.join("audit.key")) {
+            Ok(signer) => signer,
+            Err(e) => return fail(e),
+        };
+    let audit = match store.audit(Some(signer)) {
         Ok(audit) => audit,
         Err(e) => return fail(e),
     };
@@ -109,6 +114,8 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
     while gateway.sessions.count() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Sign the tail of the audit log, so a stopped log is fully covered.
+    gateway.audit.checkpoint().await;
     if gateway.sessions.count() > 0 {
         warn!(
             sessions = gateway.sessions.count(),

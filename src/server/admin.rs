@@ -161,13 +161,15 @@ fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> Respon
             },
             Err(e) => reply(StatusCode::BAD_REQUEST, json!({ "error": e })),
         },
-        (&Method::GET, "/v1/audit/verify") => match gateway.audit.verify() {
-            Ok(report) => reply(StatusCode::OK, json!(report)),
-            Err(e) => reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                json!({ "error": e.to_string() }),
-            ),
-        },
+        (&Method::GET, "/v1/audit/verify") => {
+            match gateway.audit.verify(gateway.audit.public_key()) {
+                Ok(report) => reply(StatusCode::OK, json!(report)),
+                Err(e) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "error": e.to_string() }),
+                ),
+            }
+        }
         (&Method::GET, p) if p.starts_with("/v1/audit/") => {
             match p["/v1/audit/".len()..]
                 .parse::<u64>()

@@ -43,7 +43,7 @@ fn main() {
         for writers in [1usize, 16, 256] {
             let dir = base.join(format!("{durability:?}-{writers}"));
             let store = Store::open(&dir).unwrap();
-            let log = store.audit_with(durability).unwrap();
+            let log = store.audit_with(durability, None).unwrap();
             let (count, mut latencies) = runtime.block_on(async {
                 let deadline = Instant::now() + RUN;
                 let tasks: Vec<_> = (0..writers)
@@ -76,7 +76,7 @@ fn main() {
                 pick(0.5).as_secs_f64() * 1e3,
                 pick(0.99).as_secs_f64() * 1e3
             );
-            assert_eq!(log.verify().unwrap().error, None);
+            assert_eq!(log.verify(None).unwrap().error, None);
         }
     }
     let _ = std::fs::remove_dir_all(base);

@@ -20,8 +20,14 @@ use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use crate::StoreError;
+use crate::checkpoint::{AuditSigner, Checkpoint};
 
 const TREE: &str = "audit";
+const CHECKPOINTS: &str = "audit_checkpoints";
+/// A checkpoint is signed after this many entries…
+const CHECKPOINT_EVERY: u64 = 1000;
+/// …or this long after the last one, whichever comes first.
+const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 /// The `prev` of the first entry.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// Records taken into one batch at most.
@@ -149,6 +155,13 @@ fn entry_hash(seq: u64, prev: &str, record: &Record) -> String {
 
 type Reply = oneshot::Sender<Result<u64, StoreError>>;
 
+/// What the writer thread is asked to do.
+enum Job {
+    Append(Box<Record>, Reply),
+    /// Sign a checkpoint over everything written so far, now.
+    Checkpoint(oneshot::Sender<()>),
+}
+
 /// How far a group commit goes before it is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
@@ -163,7 +176,10 @@ pub enum Durability {
 #[derive(Clone)]
 pub struct AuditLog {
     tree: sled::Tree,
-    jobs: mpsc::Sender<(Record, Reply)>,
+    checkpoints: sled::Tree,
+    jobs: mpsc::Sender<Job>,
+    /// The public half of the signer, when this log signs.
+    public_key: Option<Vec<u8>>,
 }
 
 impl AuditLog {
@@ -171,10 +187,21 @@ impl AuditLog {
         db: &sled::Db,
         dir: &Path,
         durability: Durability,
+        signer: Option<AuditSigner>,
     ) -> Result<Self, StoreError> {
         let tree = db
             .open_tree(TREE)
             .map_err(|e| StoreError::Io(e.to_string()))?;
+        let checkpoints = db
+            .open_tree(CHECKPOINTS)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        let signed_through = match checkpoints
+            .last()
+            .map_err(|e| StoreError::Io(e.to_string()))?
+        {
+            Some((key, _)) => key_seq(&key),
+            None => 0,
+        };
         let (seq, hash) = match tree.last().map_err(|e| StoreError::Io(e.to_string()))? {
             Some((key, value)) => {
                 let entry = decode(&key, &value)?;
@@ -186,7 +213,7 @@ impl AuditLog {
         // drive's write cache nor the file's metadata: fdatasync its log too.
         let log_file = File::open(dir.join("db"))
             .map_err(|e| StoreError::Io(format!("sled log file: {e}")))?;
-        let (jobs, queue) = mpsc::channel();
+        let (jobs, queue) = mpsc::channel::<Job>();
         let writer = Writer {
             db: db.clone(),
             tree: tree.clone(),
@@ -195,28 +222,48 @@ impl AuditLog {
             seq,
             head: hash,
             failed: false,
+            checkpoints: checkpoints.clone(),
+            public_key: signer.as_ref().map(|s| s.public_key().to_vec()),
+            signer,
+            signed_through,
+            last_checkpoint: std::time::Instant::now(),
         };
+        let public_key = writer.public_key.clone();
         std::thread::Builder::new()
             .name("audit-writer".into())
             .spawn(move || writer.run(queue))
             .map_err(|e| StoreError::Io(e.to_string()))?;
-        Ok(Self { tree, jobs })
+        Ok(Self {
+            tree,
+            checkpoints,
+            jobs,
+            public_key,
+        })
     }
 
     /// Appends `record`; returns its sequence number once it is durable.
     pub async fn append(&self, record: Record) -> Result<u64, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send((record, reply))
+            .send(Job::Append(Box::new(record), reply))
             .map_err(|_| StoreError::Failed)?;
         answer.await.map_err(|_| StoreError::Failed)?
+    }
+
+    /// Signs a checkpoint over every entry written so far (if this log
+    /// signs); for a clean shutdown.
+    pub async fn checkpoint(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.jobs.send(Job::Checkpoint(done)).is_ok() {
+            let _ = wait.await;
+        }
     }
 
     /// [`append`](Self::append) for callers outside an async runtime.
     pub fn append_blocking(&self, record: Record) -> Result<u64, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send((record, reply))
+            .send(Job::Append(Box::new(record), reply))
             .map_err(|_| StoreError::Failed)?;
         answer.blocking_recv().map_err(|_| StoreError::Failed)?
     }
@@ -266,53 +313,212 @@ impl AuditLog {
         Ok(out)
     }
 
-    /// Recomputes the whole chain. The first broken link is reported.
-    pub fn verify(&self) -> Result<VerifyReport, StoreError> {
-        let mut report = VerifyReport::default();
-        let mut prev: Option<Entry> = None;
+    /// The public key that signs this log's checkpoints, if it signs.
+    pub fn public_key(&self) -> Option<&[u8]> {
+        self.public_key.as_deref()
+    }
+
+    /// Recomputes the whole chain and checks every checkpoint's signature
+    /// with `key` (raw Ed25519 public key). The first problem is reported.
+    pub fn verify(&self, key: Option<&[u8]>) -> Result<VerifyReport, StoreError> {
+        let mut verifier = ChainVerifier::new(key);
+        let mut checkpoints = self.checkpoints.iter().peekable();
         for item in self.tree.iter() {
-            let (key, value) = item.map_err(|e| StoreError::Io(e.to_string()))?;
-            let seq = key_seq(&key);
-            let entry = match decode(&key, &value) {
-                Ok(entry) => entry,
-                Err(e) => {
-                    report.error = Some(VerifyError::Unreadable {
-                        seq,
-                        message: e.to_string(),
-                    });
-                    return Ok(report);
-                }
-            };
-            let problem = if entry.seq != seq {
-                Some(VerifyError::Moved {
-                    key: seq,
-                    seq: entry.seq,
-                })
-            } else if entry_hash(entry.seq, &entry.prev, &entry.record) != entry.hash {
-                Some(VerifyError::Edited { seq })
-            } else {
-                match &prev {
-                    None if entry.seq != 1 || entry.prev != GENESIS => {
-                        Some(VerifyError::MissingBefore { seq, expected: 1 })
-                    }
-                    Some(p) if entry.seq != p.seq + 1 => Some(VerifyError::MissingBefore {
-                        seq,
-                        expected: p.seq + 1,
-                    }),
-                    Some(p) if entry.prev != p.hash => Some(VerifyError::Unlinked { seq }),
-                    _ => None,
-                }
-            };
-            if let Some(problem) = problem {
-                report.error = Some(problem);
-                return Ok(report);
+            let (k, value) = item.map_err(|e| StoreError::Io(e.to_string()))?;
+            if !verifier.entry(key_seq(&k), decode(&k, &value)) {
+                return Ok(verifier.finish());
             }
-            report.entries += 1;
-            report.last_seq = entry.seq;
-            report.head = entry.hash.clone();
-            prev = Some(entry);
+            while let Some(Ok((ck, _))) = checkpoints.peek() {
+                if key_seq(ck) > verifier.report.last_seq {
+                    break;
+                }
+                let (ck, cv) = checkpoints
+                    .next()
+                    .and_then(Result::ok)
+                    .ok_or(StoreError::Io("checkpoint read".into()))?;
+                let checkpoint = serde_json::from_slice(&cv).map_err(|e| e.to_string());
+                if !verifier.checkpoint(key_seq(&ck), checkpoint) {
+                    return Ok(verifier.finish());
+                }
+            }
         }
-        Ok(report)
+        if let Some(Ok((ck, _))) = checkpoints.peek() {
+            verifier.fail(VerifyError::CheckpointOrphan { seq: key_seq(ck) });
+        }
+        Ok(verifier.finish())
+    }
+
+    /// Writes the log as JSON Lines: a header, then every entry, each
+    /// checkpoint right after the entry it covers. Verifiable offline with
+    /// [`verify_export`] and the audit public key. Returns the entry count.
+    pub fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
+        let io = |e: std::io::Error| StoreError::Io(e.to_string());
+        let header = serde_json::json!({"type": "header", "format": EXPORT_FORMAT,
+            "public_key": self.public_key.as_ref().map(|k| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, k))});
+        writeln!(out, "{header}").map_err(io)?;
+        let mut checkpoints = self.checkpoints.iter().peekable();
+        let mut count = 0;
+        for item in self.tree.iter() {
+            let (k, value) = item.map_err(|e| StoreError::Io(e.to_string()))?;
+            let seq = key_seq(&k);
+            let entry: serde_json::Value =
+                serde_json::from_slice(&value).map_err(|e| StoreError::Corrupt {
+                    seq,
+                    message: e.to_string(),
+                })?;
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"type": "entry", "entry": entry})
+            )
+            .map_err(io)?;
+            count += 1;
+            while let Some(Ok((ck, _))) = checkpoints.peek() {
+                if key_seq(ck) > seq {
+                    break;
+                }
+                if let Some(Ok((_, cv))) = checkpoints.next() {
+                    let checkpoint: serde_json::Value =
+                        serde_json::from_slice(&cv).unwrap_or_default();
+                    writeln!(
+                        out,
+                        "{}",
+                        serde_json::json!({"type": "checkpoint", "checkpoint": checkpoint})
+                    )
+                    .map_err(io)?;
+                }
+            }
+        }
+        Ok(count)
+    }
+}
+
+/// The first line of an export.
+pub const EXPORT_FORMAT: &str = "portcullis-audit-export v1";
+
+/// Verifies an export (see [`AuditLog::export`]) with only the audit public
+/// key: the chain, and every checkpoint's signature.
+pub fn verify_export(input: impl std::io::BufRead, key: &[u8]) -> Result<VerifyReport, StoreError> {
+    let mut verifier = ChainVerifier::new(Some(key));
+    for (index, line) in input.lines().enumerate() {
+        let line = line.map_err(|e| StoreError::Io(e.to_string()))?;
+        let value: serde_json::Value = serde_json::from_str(&line)
+            .map_err(|e| StoreError::Io(format!("export line {}: {e}", index + 1)))?;
+        let ok = match value["type"].as_str() {
+            Some("header") if value["format"] == EXPORT_FORMAT => true,
+            Some("entry") => {
+                let entry: Result<Entry, String> =
+                    serde_json::from_value(value["entry"].clone()).map_err(|e| e.to_string());
+                let seq = entry
+                    .as_ref()
+                    .map_or(verifier.report.last_seq + 1, |e| e.seq);
+                verifier.entry(
+                    seq,
+                    entry.map_err(|message| StoreError::Corrupt { seq, message }),
+                )
+            }
+            Some("checkpoint") => {
+                let checkpoint: Result<Checkpoint, String> =
+                    serde_json::from_value(value["checkpoint"].clone()).map_err(|e| e.to_string());
+                let seq = checkpoint.as_ref().map_or(0, |c| c.seq);
+                verifier.checkpoint(seq, checkpoint)
+            }
+            _ => {
+                return Err(StoreError::Io(format!(
+                    "export line {}: not a {EXPORT_FORMAT} line",
+                    index + 1
+                )));
+            }
+        };
+        if !ok {
+            break;
+        }
+    }
+    Ok(verifier.finish())
+}
+
+/// Checks a chain fed in order, entry by entry, with checkpoints after the
+/// entries they cover. Stops at the first problem.
+struct ChainVerifier<'k> {
+    key: Option<&'k [u8]>,
+    prev_hash: Option<String>,
+    report: VerifyReport,
+}
+
+impl<'k> ChainVerifier<'k> {
+    fn new(key: Option<&'k [u8]>) -> Self {
+        Self {
+            key,
+            prev_hash: None,
+            report: VerifyReport::default(),
+        }
+    }
+
+    fn fail(&mut self, error: VerifyError) -> bool {
+        self.report.error.get_or_insert(error);
+        false
+    }
+
+    /// `stored_at` is where the entry was found (its key); false on a problem.
+    fn entry(&mut self, stored_at: u64, entry: Result<Entry, StoreError>) -> bool {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                return self.fail(VerifyError::Unreadable {
+                    seq: stored_at,
+                    message: e.to_string(),
+                });
+            }
+        };
+        let seq = entry.seq;
+        let expected = self.report.last_seq + 1;
+        let problem = if seq != stored_at {
+            Some(VerifyError::Moved {
+                key: stored_at,
+                seq,
+            })
+        } else if entry_hash(seq, &entry.prev, &entry.record) != entry.hash {
+            Some(VerifyError::Edited { seq })
+        } else if seq != expected {
+            Some(VerifyError::MissingBefore { seq, expected })
+        } else if entry.prev != self.prev_hash.as_deref().unwrap_or(GENESIS) {
+            Some(VerifyError::Unlinked { seq })
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return self.fail(problem);
+        }
+        self.report.entries += 1;
+        self.report.last_seq = seq;
+        self.report.head = entry.hash.clone();
+        self.prev_hash = Some(entry.hash);
+        true
+    }
+
+    fn checkpoint(&mut self, stored_at: u64, checkpoint: Result<Checkpoint, String>) -> bool {
+        let Ok(checkpoint) = checkpoint else {
+            return self.fail(VerifyError::CheckpointInvalid { seq: stored_at });
+        };
+        if checkpoint.seq != self.report.last_seq || checkpoint.head != self.report.head {
+            return self.fail(VerifyError::CheckpointMismatch {
+                seq: checkpoint.seq,
+            });
+        }
+        if let Some(key) = self.key
+            && !checkpoint.verify(key)
+        {
+            return self.fail(VerifyError::CheckpointInvalid {
+                seq: checkpoint.seq,
+            });
+        }
+        self.report.checkpoints += 1;
+        self.report.signed_through = checkpoint.seq;
+        true
+    }
+
+    fn finish(self) -> VerifyReport {
+        self.report
     }
 }
 
@@ -321,6 +527,11 @@ pub struct VerifyReport {
     pub entries: u64,
     pub last_seq: u64,
     pub head: String,
+    /// Checkpoints whose signature and head were checked.
+    pub checkpoints: u64,
+    /// The last entry covered by a good checkpoint; entries after it are
+    /// chained but not yet signed.
+    pub signed_through: u64,
     /// The first broken link; `None` when the whole chain holds.
     pub error: Option<VerifyError>,
 }
@@ -338,6 +549,12 @@ pub enum VerifyError {
     Moved { key: u64, seq: u64 },
     #[error("entry {seq} is unreadable: {message}")]
     Unreadable { seq: u64, message: String },
+    #[error("the checkpoint at entry {seq} does not match the chain (the log was rewritten)")]
+    CheckpointMismatch { seq: u64 },
+    #[error("the checkpoint at entry {seq} has no valid signature from the audit key")]
+    CheckpointInvalid { seq: u64 },
+    #[error("a checkpoint covers entry {seq}, which is not in the log")]
+    CheckpointOrphan { seq: u64 },
 }
 
 /// What `audit list` selects.
@@ -418,17 +635,80 @@ struct Writer {
     seq: u64,
     head: String,
     failed: bool,
+    checkpoints: sled::Tree,
+    signer: Option<AuditSigner>,
+    public_key: Option<Vec<u8>>,
+    /// The last entry covered by a checkpoint.
+    signed_through: u64,
+    last_checkpoint: std::time::Instant,
 }
 
 impl Writer {
-    fn run(mut self, queue: mpsc::Receiver<(Record, Reply)>) {
-        while let Ok(first) = queue.recv() {
+    fn run(mut self, queue: mpsc::Receiver<Job>) {
+        loop {
+            let first = match queue.recv_timeout(CHECKPOINT_INTERVAL) {
+                Ok(Job::Append(record, reply)) => (*record, reply),
+                Ok(Job::Checkpoint(done)) => {
+                    self.checkpoint_now();
+                    let _ = done.send(());
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.maybe_checkpoint();
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             let mut group = vec![first];
-            group.extend(queue.try_iter().take(MAX_BATCH - 1));
+            let mut asked_to_sign = Vec::new();
+            for job in queue.try_iter().take(MAX_BATCH - 1) {
+                match job {
+                    Job::Append(record, reply) => group.push((*record, reply)),
+                    Job::Checkpoint(done) => asked_to_sign.push(done),
+                }
+            }
             let results = self.commit(group.iter().map(|(record, _)| record));
             for ((_, reply), result) in group.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
+            if asked_to_sign.is_empty() {
+                self.maybe_checkpoint();
+            } else {
+                self.checkpoint_now();
+                for done in asked_to_sign {
+                    let _ = done.send(());
+                }
+            }
+        }
+        self.checkpoint_now();
+    }
+
+    fn checkpoint_now(&mut self) {
+        self.last_checkpoint = std::time::Instant::now() - CHECKPOINT_INTERVAL;
+        self.maybe_checkpoint();
+    }
+
+    /// Signs the head when enough entries or time have passed since the
+    /// last checkpoint.
+    fn maybe_checkpoint(&mut self) {
+        let Some(signer) = &self.signer else { return };
+        let pending = self.seq - self.signed_through;
+        let due = pending >= CHECKPOINT_EVERY
+            || (pending > 0 && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL);
+        if !due || self.failed {
+            return;
+        }
+        let checkpoint = signer.sign(self.seq, &self.head);
+        let value = serde_json::to_vec(&checkpoint).unwrap_or_default();
+        let written = self
+            .checkpoints
+            .insert(self.seq.to_be_bytes(), value)
+            .and_then(|_| self.db.flush().map(|_| ()))
+            .map_err(|e| e.to_string())
+            .and_then(|()| self.log_file.sync_data().map_err(|e| e.to_string()));
+        if written.is_ok() {
+            self.signed_through = self.seq;
+            self.last_checkpoint = std::time::Instant::now();
         }
     }
 
@@ -527,7 +807,7 @@ mod tests {
     fn log_with(name: &str, n: u64) -> (Store, AuditLog, std::path::PathBuf) {
         let dir = temp(name);
         let store = Store::open(&dir).unwrap();
-        let log = store.audit().unwrap();
+        let log = store.audit(None).unwrap();
         for i in 1..=n {
             assert_eq!(log.append_blocking(record(i)).unwrap(), i);
         }
@@ -562,7 +842,7 @@ mod tests {
             .collect();
         seqs.sort();
         assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
-        let report = log.verify().unwrap();
+        let report = log.verify(None).unwrap();
         assert_eq!(
             (report.entries, report.last_seq, report.error),
             (400, 400, None)
@@ -575,7 +855,7 @@ mod tests {
         let (_store, log, dir) = log_with("edited", 6);
         edit(&log, 3, |e| e["principal"] = "mallory".into());
         assert_eq!(
-            log.verify().unwrap().error,
+            log.verify(None).unwrap().error,
             Some(VerifyError::Edited { seq: 3 })
         );
         let _ = std::fs::remove_dir_all(dir);
@@ -586,7 +866,7 @@ mod tests {
         let (_store, log, dir) = log_with("deleted", 6);
         log.tree.remove(4u64.to_be_bytes()).unwrap();
         assert_eq!(
-            log.verify().unwrap().error,
+            log.verify(None).unwrap().error,
             Some(VerifyError::MissingBefore {
                 seq: 5,
                 expected: 4
@@ -595,7 +875,7 @@ mod tests {
         let (_store, log, dir2) = log_with("deleted-first", 3);
         log.tree.remove(1u64.to_be_bytes()).unwrap();
         assert_eq!(
-            log.verify().unwrap().error,
+            log.verify(None).unwrap().error,
             Some(VerifyError::MissingBefore {
                 seq: 2,
                 expected: 1
@@ -615,7 +895,7 @@ mod tests {
         log.tree.insert(2u64.to_be_bytes(), three).unwrap();
         log.tree.insert(3u64.to_be_bytes(), two).unwrap();
         assert_eq!(
-            log.verify().unwrap().error,
+            log.verify(None).unwrap().error,
             Some(VerifyError::Moved { key: 2, seq: 3 })
         );
         // Swapped and renumbered: the hashes give it away.
@@ -632,7 +912,7 @@ mod tests {
             .insert(3u64.to_be_bytes(), serde_json::to_vec(&a).unwrap())
             .unwrap();
         assert_eq!(
-            log.verify().unwrap().error,
+            log.verify(None).unwrap().error,
             Some(VerifyError::Edited { seq: 2 })
         );
         let _ = (std::fs::remove_dir_all(dir), std::fs::remove_dir_all(dir2));
@@ -653,10 +933,120 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         let store = reopened.expect("the store reopens");
-        let log = store.audit().unwrap();
+        let log = store.audit(None).unwrap();
         assert_eq!(log.append_blocking(record(6)).unwrap(), 6);
-        let report = log.verify().unwrap();
+        let report = log.verify(None).unwrap();
         assert_eq!((report.entries, report.error), (6, None));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A log with a signer and at least one checkpoint (1000 entries).
+    fn signed_log(name: &str) -> (Store, AuditLog, std::path::PathBuf, Vec<u8>) {
+        let dir = temp(name);
+        let store = Store::open(&dir.join("store")).unwrap();
+        let signer = crate::AuditSigner::load_or_create(&dir.join("audit.key")).unwrap();
+        let key = signer.public_key().to_vec();
+        let log = store.audit(Some(signer)).unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    (0..250).for_each(|i| {
+                        log.append_blocking(record(t * 250 + i)).unwrap();
+                    })
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        // The checkpoint is written right after the group that reached 1000.
+        for _ in 0..100 {
+            if !log.checkpoints.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        (store, log, dir, key)
+    }
+
+    /// Rewrites entries from `from` on as an attacker without the signing
+    /// key would: edited content, recomputed hashes and links.
+    fn rewrite_from(log: &AuditLog, from: u64) {
+        let mut prev = log
+            .get(from - 1)
+            .unwrap()
+            .map_or(GENESIS.to_string(), |e| e.hash);
+        let last = log.tree.last().unwrap().map(|(k, _)| key_seq(&k)).unwrap();
+        for seq in from..=last {
+            let mut entry = log.get(seq).unwrap().unwrap();
+            if seq == from {
+                entry.record.principal = Some("mallory".into());
+            }
+            entry.prev = prev.clone();
+            entry.hash = entry_hash(seq, &entry.prev, &entry.record);
+            prev = entry.hash.clone();
+            log.tree
+                .insert(seq.to_be_bytes(), serde_json::to_vec(&entry).unwrap())
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn signed_checkpoints_catch_a_recomputed_chain() {
+        let (_store, log, dir, key) = signed_log("checkpoints");
+        let report = log.verify(Some(&key)).unwrap();
+        assert_eq!(report.error, None);
+        assert!(
+            report.checkpoints >= 1 && report.signed_through >= 1000,
+            "{report:?}"
+        );
+
+        rewrite_from(&log, 5);
+        let report = log.verify(Some(&key)).unwrap();
+        let signed = report.entries; // the chain itself looks fine up to the checkpoint…
+        assert!(
+            matches!(report.error, Some(VerifyError::CheckpointMismatch { .. })),
+            "{report:?} after {signed}"
+        );
+
+        // …and a forged checkpoint over the new head has no valid signature.
+        let (ck, _) = log.checkpoints.first().unwrap().unwrap();
+        let mut forged: Checkpoint =
+            serde_json::from_slice(&log.checkpoints.get(&ck).unwrap().unwrap()).unwrap();
+        forged.head = log.get(key_seq(&ck)).unwrap().unwrap().hash;
+        log.checkpoints
+            .insert(&ck, serde_json::to_vec(&forged).unwrap())
+            .unwrap();
+        assert!(matches!(
+            log.verify(Some(&key)).unwrap().error,
+            Some(VerifyError::CheckpointInvalid { .. })
+        ));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn an_export_verifies_with_the_public_key_alone() {
+        let (_store, log, dir, key) = signed_log("export");
+        let mut export = Vec::new();
+        assert_eq!(log.export(&mut export).unwrap(), log.tree.len() as u64);
+        let report = verify_export(export.as_slice(), &key).unwrap();
+        assert_eq!(report.error, None);
+        assert!(report.checkpoints >= 1);
+
+        let other = crate::AuditSigner::load_or_create(&dir.join("other.key")).unwrap();
+        let wrong = verify_export(export.as_slice(), other.public_key()).unwrap();
+        assert!(
+            matches!(wrong.error, Some(VerifyError::CheckpointInvalid { .. })),
+            "{wrong:?}"
+        );
+
+        let text = String::from_utf8(export)
+            .unwrap()
+            .replacen("\"alice\"", "\"mallory\"", 1);
+        let edited = verify_export(text.as_bytes(), &key).unwrap();
+        assert!(
+            matches!(edited.error, Some(VerifyError::Edited { .. })),
+            "{edited:?}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -8,13 +8,15 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod checkpoint;
 
 use std::path::{Path, PathBuf};
 
 pub use audit::{
     AuditLog, Decision, Durability, Entry, Filter, Kind, Record, RequestContext, Status,
-    VerifyError, VerifyReport,
+    VerifyError, VerifyReport, verify_export,
 };
+pub use checkpoint::{AuditSigner, Checkpoint, decode_public_key};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -66,13 +68,18 @@ impl Store {
         })
     }
 
-    /// The audit log, with its writer thread started.
-    pub fn audit(&self) -> Result<AuditLog, StoreError> {
-        AuditLog::open(&self.db, &self.path, Durability::Fdatasync)
+    /// The audit log, with its writer thread started. With a `signer` the
+    /// writer signs checkpoints; without one (readers, tools) it does not.
+    pub fn audit(&self, signer: Option<AuditSigner>) -> Result<AuditLog, StoreError> {
+        AuditLog::open(&self.db, &self.path, Durability::Fdatasync, signer)
     }
 
     /// The audit log with a chosen durability; only benchmarks choose less.
-    pub fn audit_with(&self, durability: Durability) -> Result<AuditLog, StoreError> {
-        AuditLog::open(&self.db, &self.path, durability)
+    pub fn audit_with(
+        &self,
+        durability: Durability,
+        signer: Option<AuditSigner>,
+    ) -> Result<AuditLog, StoreError> {
+        AuditLog::open(&self.db, &self.path, durability, signer)
     }
 }

@@ -1,0 +1,121 @@
+//! Signed checkpoints: every so often the writer signs (sequence, chain
+//! head, time) with the gateway's Ed25519 audit key. A chain can be
+//! recomputed by anyone who can rewrite the store; a signature cannot, so
+//! an export plus the audit public key proves what the log said.
+
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::Path;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
+use serde::{Deserialize, Serialize};
+
+use crate::StoreError;
+
+/// A checkpoint covers every entry up to and including `seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub seq: u64,
+    /// The hash of entry `seq`.
+    pub head: String,
+    pub time: String,
+    /// The audit public key (base64) that signed it.
+    pub key: String,
+    /// Ed25519 over [`Checkpoint::message`], base64.
+    pub signature: String,
+}
+
+impl Checkpoint {
+    /// The signed bytes.
+    pub fn message(seq: u64, head: &str, time: &str) -> Vec<u8> {
+        format!("portcullis-audit-checkpoint v1\n{seq}\n{head}\n{time}\n").into_bytes()
+    }
+
+    /// Whether `public_key` (raw 32 bytes) signed this checkpoint.
+    pub fn verify(&self, public_key: &[u8]) -> bool {
+        let Ok(signature) = STANDARD.decode(&self.signature) else {
+            return false;
+        };
+        UnparsedPublicKey::new(&ED25519, public_key)
+            .verify(&Self::message(self.seq, &self.head, &self.time), &signature)
+            .is_ok()
+    }
+}
+
+/// The gateway's audit signing key.
+pub struct AuditSigner {
+    key: Ed25519KeyPair,
+}
+
+impl AuditSigner {
+    /// Loads the PKCS#8 key at `path`, creating it (mode 0600) if absent.
+    pub fn load_or_create(path: &Path) -> Result<Self, StoreError> {
+        let io = |e: std::io::Error| StoreError::Io(format!("audit key {}: {e}", path.display()));
+        if !path.exists() {
+            let rng = ring::rand::SystemRandom::new();
+            let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng)
+                .map_err(|_| StoreError::Io("cannot generate the audit key".into()))?;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(io)?;
+            file.write_all(pkcs8.as_ref())
+                .and_then(|()| file.sync_all())
+                .map_err(io)?;
+        }
+        let bytes = std::fs::read(path).map_err(io)?;
+        let key = Ed25519KeyPair::from_pkcs8(&bytes).map_err(|e| {
+            StoreError::Io(format!(
+                "audit key {}: not an Ed25519 PKCS#8 key: {e}",
+                path.display()
+            ))
+        })?;
+        Ok(Self { key })
+    }
+
+    /// Loads an existing key; `None` if there is none.
+    pub fn load(path: &Path) -> Result<Option<Self>, StoreError> {
+        if !path.exists() {
+            return Ok(None);
+        }
+        Self::load_or_create(path).map(Some)
+    }
+
+    pub fn public_key(&self) -> &[u8] {
+        self.key.public_key().as_ref()
+    }
+
+    pub fn public_key_base64(&self) -> String {
+        STANDARD.encode(self.public_key())
+    }
+
+    pub fn sign(&self, seq: u64, head: &str) -> Checkpoint {
+        let time = jiff::Timestamp::now().to_string();
+        let signature = self.key.sign(&Checkpoint::message(seq, head, &time));
+        Checkpoint {
+            seq,
+            head: head.to_string(),
+            time,
+            key: self.public_key_base64(),
+            signature: STANDARD.encode(signature.as_ref()),
+        }
+    }
+}
+
+/// Decodes a base64 audit public key.
+pub fn decode_public_key(text: &str) -> Result<Vec<u8>, String> {
+    let bytes = STANDARD
+        .decode(text.trim())
+        .map_err(|_| "the audit key is not base64".to_string())?;
+    if bytes.len() != 32 {
+        return Err(format!(
+            "the audit key is {} bytes; an Ed25519 public key is 32",
+            bytes.len()
+        ));
+    }
+    Ok(bytes)
+}
