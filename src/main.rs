@@ -119,6 +119,15 @@ enum AuditCommand {
     },
     /// Print the audit public key (base64) that signs checkpoints.
     Key,
+    /// The last entries, oldest first; -f follows new ones.
+    Tail {
+        /// How many entries to show first.
+        #[arg(short = 'n', long, default_value_t = 20)]
+        lines: usize,
+        /// Keep printing new entries as they are written.
+        #[arg(short, long)]
+        follow: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -191,6 +200,10 @@ fn main() -> ExitCode {
             action: AuditCommand::Key,
             source,
         } => cli::audit::key(source),
+        Command::Audit {
+            action: AuditCommand::Tail { lines, follow },
+            source,
+        } => cli::audit::tail(source, lines, follow),
         Command::Sessions {
             action: None | Some(SessionsCommand::List),
             socket,

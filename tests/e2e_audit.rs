@@ -301,3 +301,55 @@ async fn every_request_ends_in_exactly_one_entry() {
     let shown: Entry = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(&shown, read_only);
 }
+
+#[tokio::test]
+async fn tail_shows_the_last_entries_and_follows_new_ones() {
+    use std::io::BufRead as _;
+    let alice = StaticKeypair::generate().unwrap();
+    let policy = format!(
+        "[[principal]]\nid = \"alice\"\npublic_key = \"{}\"\n[[grant]]\nid = \"g\"\nprincipals = [\"alice\"]\nresources = {{}}\n",
+        key_b64(&alice)
+    );
+    let gw = Gateway::start(&policy, "");
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    for _ in 0..5 {
+        client.request("resource.list", json!({})).await.unwrap();
+    }
+    let out = cli(&gw, &["audit", "tail", "-n", "3", "--json"]);
+    let seqs: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Entry>(l).unwrap().seq)
+        .collect();
+    assert_eq!(seqs.len(), 3);
+    assert!(
+        seqs.windows(2).all(|w| w[0] + 1 == w[1]),
+        "oldest first, consecutive: {seqs:?}"
+    );
+
+    let mut follow = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["audit", "tail", "-n", "0", "-f", "--json", "--config"])
+        .arg(gw.dir.join("portcullis.toml"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client
+        .request("resource.list", json!({"marker": 1}))
+        .await
+        .unwrap();
+    let mut line = String::new();
+    let mut reader = std::io::BufReader::new(follow.stdout.take().unwrap());
+    let read = std::thread::spawn(move || {
+        reader.read_line(&mut line).unwrap();
+        line
+    });
+    let started = std::time::Instant::now();
+    while !read.is_finished() && started.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = follow.kill();
+    let line = read.join().unwrap();
+    let entry: Entry = serde_json::from_str(&line).expect("tail -f printed the new entry");
+    assert_eq!(entry.record.method.as_deref(), Some("resource.list"));
+}

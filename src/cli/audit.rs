@@ -171,16 +171,22 @@ pub fn list(source: Source, args: ListArgs) -> ExitCode {
 }
 
 fn print_entries(entries: &[Entry], json: bool) {
+    if !json {
+        println!(
+            "{:>7}  {:<24} {:<14} {:<16} {:<9} {:<10} ERROR",
+            "SEQ", "TIME", "PRINCIPAL", "METHOD/EVENT", "DECISION", "STATUS"
+        );
+    }
+    print_rows(entries, json);
+}
+
+fn print_rows(entries: &[Entry], json: bool) {
     if json {
         for entry in entries {
             println!("{}", serde_json::to_string(entry).unwrap_or_default());
         }
         return;
     }
-    println!(
-        "{:>7}  {:<24} {:<14} {:<16} {:<9} {:<10} ERROR",
-        "SEQ", "TIME", "PRINCIPAL", "METHOD/EVENT", "DECISION", "STATUS"
-    );
     for e in entries {
         let r = &e.record;
         let name = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
@@ -325,6 +331,53 @@ pub fn export(source: Source, output: Option<PathBuf>) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Err(e) => fail(e),
+    }
+}
+
+/// The last `lines` entries, oldest first; with `follow`, then every new
+/// entry as it is written (polling), until interrupted.
+pub fn tail(source: Source, lines: usize, follow: bool) -> ExitCode {
+    let result = runtime().and_then(|rt| {
+        let backend = backend(&source, &rt)?;
+        let fetch = |after: u64| -> Result<Vec<Entry>, String> {
+            match &backend {
+                Backend::Offline(log, _) => log.after(after, 1000).map_err(|e| e.to_string()),
+                Backend::Daemon(socket) => {
+                    let body = daemon(&rt, socket, &format!("/v1/audit/after/{after}"))?;
+                    serde_json::from_value(body["entries"].clone()).map_err(|e| e.to_string())
+                }
+            }
+        };
+        let mut last: Vec<Entry> = match &backend {
+            Backend::Offline(log, _) => log
+                .list(&Filter {
+                    limit: lines,
+                    ..Filter::default()
+                })
+                .map_err(|e| e.to_string())?,
+            Backend::Daemon(socket) => {
+                let body = daemon(&rt, socket, &format!("/v1/audit?limit={lines}"))?;
+                serde_json::from_value(body["entries"].clone()).map_err(|e| e.to_string())?
+            }
+        };
+        last.reverse();
+        print_entries(&last, source.json);
+        if !follow {
+            return Ok(());
+        }
+        let mut seen = last.last().map_or(0, |e| e.seq);
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            let new = fetch(seen)?;
+            if let Some(entry) = new.last() {
+                seen = entry.seq;
+                print_rows(&new, source.json);
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
 }

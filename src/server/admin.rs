@@ -12,6 +12,7 @@
 //! | GET | /v1/audit?FILTERS | audit entries, newest first (see `audit_filter`) |
 //! | GET | /v1/audit/verify | recompute the hash chain |
 //! | GET | /v1/audit/SEQ | one entry |
+//! | GET | /v1/audit/after/SEQ | up to 1,000 entries after SEQ, oldest first |
 
 use std::convert::Infallible;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -167,6 +168,22 @@ fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> Respon
                 Err(e) => reply(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     json!({ "error": e.to_string() }),
+                ),
+            }
+        }
+        (&Method::GET, p) if p.starts_with("/v1/audit/after/") => {
+            match p["/v1/audit/after/".len()..]
+                .parse::<u64>()
+                .map(|seq| gateway.audit.after(seq, 1000))
+            {
+                Ok(Ok(entries)) => reply(StatusCode::OK, json!({ "entries": entries })),
+                Ok(Err(e)) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "error": e.to_string() }),
+                ),
+                Err(_) => reply(
+                    StatusCode::BAD_REQUEST,
+                    json!({ "error": "expected /v1/audit/after/SEQ" }),
                 ),
             }
         }
