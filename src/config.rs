@@ -19,6 +19,20 @@ pub struct Config {
     pub limits: Limits,
     /// Serve HTTPS/WSS with this certificate chain and key (PEM).
     pub tls: Option<TlsFiles>,
+    pub audit: AuditConfig,
+}
+
+/// `[audit]`: retention.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditConfig {
+    /// Entries older than this are pruned (hourly), e.g. `"90d"`.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub max_age: Option<Duration>,
+}
+
+fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -84,6 +98,8 @@ struct RawConfig {
     limits: Limits,
     #[serde(default)]
     tls: Option<TlsFiles>,
+    #[serde(default)]
+    audit: AuditConfig,
 }
 
 fn default_provider_id() -> String {
@@ -151,6 +167,7 @@ impl Config {
             state_dir: resolve(raw.state_dir),
             admin_socket: resolve(raw.admin_socket),
             limits: raw.limits,
+            audit: raw.audit,
             tls: raw.tls.map(|t| TlsFiles {
                 cert: resolve(t.cert),
                 key: resolve(t.key),
@@ -173,6 +190,8 @@ state_dir = "state"
 admin_socket = "admin.sock"
 [limits]
 idle_timeout = "30s"
+[audit]
+max_age = "90d"
 "#;
         let c = Config::parse(text, Path::new("/etc/portcullis/portcullis.toml")).unwrap();
         assert_eq!(c.key_file, Path::new("/etc/portcullis/gateway.key"));
@@ -180,6 +199,7 @@ idle_timeout = "30s"
         assert_eq!(c.limits.idle_timeout, Duration::from_secs(30));
         assert_eq!(c.limits.max_in_flight, 64);
         assert_eq!(c.provider_id, "portcullis");
+        assert_eq!(c.audit.max_age, Some(Duration::from_secs(90 * 86_400)));
     }
 
     #[test]

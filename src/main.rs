@@ -119,6 +119,13 @@ enum AuditCommand {
     },
     /// Print the audit public key (base64) that signs checkpoints.
     Key,
+    /// Remove entries older than --before, leaving a signed marker so the
+    /// rest still verifies.
+    Prune {
+        /// A duration back from now (`90d`) or a time (RFC 3339).
+        #[arg(long)]
+        before: String,
+    },
     /// The last entries, oldest first; -f follows new ones.
     Tail {
         /// How many entries to show first.
@@ -204,6 +211,10 @@ fn main() -> ExitCode {
             action: AuditCommand::Tail { lines, follow },
             source,
         } => cli::audit::tail(source, lines, follow),
+        Command::Audit {
+            action: AuditCommand::Prune { before },
+            source,
+        } => cli::audit::prune(source, before),
         Command::Sessions {
             action: None | Some(SessionsCommand::List),
             socket,

@@ -349,7 +349,54 @@ async fn tail_shows_the_last_entries_and_follows_new_ones() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = follow.kill();
+    let _ = follow.wait();
     let line = read.join().unwrap();
     let entry: Entry = serde_json::from_str(&line).expect("tail -f printed the new entry");
     assert_eq!(entry.record.method.as_deref(), Some("resource.list"));
+}
+
+#[tokio::test]
+async fn prune_through_the_daemon_keeps_the_log_verifiable() {
+    let alice = StaticKeypair::generate().unwrap();
+    let policy = format!(
+        "[[principal]]\nid = \"alice\"\npublic_key = \"{}\"\n[[grant]]\nid = \"g\"\nprincipals = [\"alice\"]\nresources = {{}}\n",
+        key_b64(&alice)
+    );
+    let gw = Gateway::start(&policy, "[audit]\nmax_age = \"90d\"");
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    for _ in 0..5 {
+        client.request("resource.list", json!({})).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let pruned = cli(&gw, &["audit", "prune", "--before", "1s"]);
+    assert!(
+        pruned.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pruned.stderr)
+    );
+    let removed: u64 = String::from_utf8_lossy(&pruned.stdout)
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(removed >= 5, "{removed}");
+    client.request("resource.list", json!({})).await.unwrap();
+    let verify = cli(&gw, &["audit", "verify", "--json"]);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&verify.stdout).unwrap();
+    assert!(
+        report["pruned_before"].as_u64().unwrap() > removed,
+        "{report}"
+    );
+    assert!(
+        entries(&gw)
+            .iter()
+            .any(|e| e.record.event.as_deref() == Some("audit_pruned"))
+    );
 }

@@ -32,13 +32,25 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{text}` is too large"))
 }
 
-/// Parses `"90s"`, `"10m"`, `"1h 30m"` (jiff's friendly format) into a
-/// duration; negative durations are refused.
+/// Parses `"90s"`, `"10m"`, `"1h 30m"` (jiff's friendly format), or whole
+/// days `"90d"`, into a duration; negative durations are refused.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    // jiff's SignedDuration has no days (they are calendar units there);
+    // for ages and retention a day is 24 hours.
+    if let Some(days) = text
+        .trim()
+        .strip_suffix('d')
+        .and_then(|d| d.trim().parse::<u64>().ok())
+    {
+        return days
+            .checked_mul(86_400)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("`{text}` is too long"));
+    }
     let signed: jiff::SignedDuration = text
         .trim()
         .parse()
-        .map_err(|_| format!("`{text}` is not a duration like `90s`, `10m` or `1h 30m`"))?;
+        .map_err(|_| format!("`{text}` is not a duration like `90s`, `10m`, `1h 30m` or `90d`"))?;
     Duration::try_from(signed).map_err(|_| format!("`{text}` is negative"))
 }
 
@@ -66,6 +78,7 @@ mod tests {
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(90 * 86_400)));
         assert!(parse_duration("-5s").is_err());
         assert!(parse_duration("soon").is_err());
     }

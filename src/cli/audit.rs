@@ -382,6 +382,45 @@ pub fn tail(source: Source, lines: usize, follow: bool) -> ExitCode {
     }
 }
 
+/// Removes entries started before `before` (a duration back from now, or a
+/// time), leaving a signed marker so the rest still verifies.
+pub fn prune(source: Source, before: String) -> ExitCode {
+    let result = runtime().and_then(|rt| {
+        let before = time_arg("before", &before)?;
+        match backend(&source, &rt)? {
+            Backend::Daemon(socket) => {
+                let path = format!("/v1/audit/prune?before={}", before.as_second());
+                let (status, body) = rt.block_on(admin::request(&socket, Method::POST, &path))?;
+                if !status.is_success() {
+                    return Err(body["error"]
+                        .as_str()
+                        .unwrap_or("the daemon refused")
+                        .to_string());
+                }
+                Ok(body["removed"].as_u64().unwrap_or(0))
+            }
+            Backend::Offline(reader, store) => {
+                drop(reader);
+                let config = Config::load(&source.config).map_err(|e| e.to_string())?;
+                let signer = portcullis_store::AuditSigner::load(
+                    &config.state_dir.join("audit.key"),
+                )
+                .map_err(|e| e.to_string())?
+                .ok_or("no audit key: pruning must be signed by the key in the state directory")?;
+                let log = store.audit(Some(signer)).map_err(|e| e.to_string())?;
+                rt.block_on(log.prune(before)).map_err(|e| e.to_string())
+            }
+        }
+    });
+    match result {
+        Ok(removed) => {
+            println!("pruned {removed} entries");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
 /// Prints the audit public key, for `audit verify --file … --key …`.
 pub fn key(source: Source) -> ExitCode {
     match verifying_key(&source, &None) {

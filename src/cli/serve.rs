@@ -80,6 +80,9 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
         }
     };
     tokio::spawn(server::admin::serve(gateway.clone(), admin));
+    if let Some(max_age) = gateway.config.audit.max_age {
+        tokio::spawn(retention(gateway.clone(), max_age));
+    }
     let (Ok(mut hangup), Ok(mut terminate), Ok(mut interrupt)) = (
         signal(SignalKind::hangup()),
         signal(SignalKind::terminate()),
@@ -124,6 +127,35 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
     }
     info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// Prunes audit entries older than `max_age`, now and then every hour.
+async fn retention(gateway: Arc<Gateway>, max_age: Duration) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = gateway.shutdown.cancelled() => return,
+        }
+        let Ok(age) = jiff::SignedDuration::try_from(max_age) else {
+            return;
+        };
+        let Ok(before) = jiff::Timestamp::now().checked_sub(age) else {
+            continue;
+        };
+        match gateway.audit.prune(before).await {
+            Ok(0) => {}
+            Ok(removed) => {
+                info!(removed, %before, "audit retention: pruned old entries");
+                gateway.security_event(
+                    "audit_pruned",
+                    None,
+                    format!("retention: {removed} entries before {before}"),
+                );
+            }
+            Err(e) => error!("audit retention: {e}"),
+        }
+    }
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).

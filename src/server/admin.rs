@@ -13,6 +13,7 @@
 //! | GET | /v1/audit/verify | recompute the hash chain |
 //! | GET | /v1/audit/SEQ | one entry |
 //! | GET | /v1/audit/after/SEQ | up to 1,000 entries after SEQ, oldest first |
+//! | POST | /v1/audit/prune?before=SECS | removes older entries, leaving a signed marker |
 
 use std::convert::Infallible;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -72,7 +73,7 @@ pub async fn serve(gateway: Arc<Gateway>, listener: UnixListener) {
         tokio::spawn(async move {
             let service = service_fn(move |request| {
                 let gateway = gateway.clone();
-                async move { Ok::<_, Infallible>(route(&gateway, request, peer_uid)) }
+                async move { Ok::<_, Infallible>(route(&gateway, request, peer_uid).await) }
             });
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -82,7 +83,11 @@ pub async fn serve(gateway: Arc<Gateway>, listener: UnixListener) {
     let _ = std::fs::remove_file(&path);
 }
 
-fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> Response<Full<Bytes>> {
+async fn route(
+    gateway: &Gateway,
+    request: Request<Incoming>,
+    peer_uid: u32,
+) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_string();
     match (request.method(), path.as_str()) {
         (&Method::GET, "/v1/status") => {
@@ -162,6 +167,38 @@ fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> Respon
             },
             Err(e) => reply(StatusCode::BAD_REQUEST, json!({ "error": e })),
         },
+        (&Method::POST, "/v1/audit/prune") => {
+            let before = request
+                .uri()
+                .query()
+                .unwrap_or("")
+                .split('&')
+                .find_map(|p| p.strip_prefix("before="));
+            match before
+                .and_then(|b| b.parse::<i64>().ok())
+                .and_then(|b| jiff::Timestamp::from_second(b).ok())
+            {
+                None => reply(
+                    StatusCode::BAD_REQUEST,
+                    json!({ "error": "expected ?before=UNIX_SECONDS" }),
+                ),
+                Some(before) => match gateway.audit.prune(before).await {
+                    Ok(removed) => {
+                        info!(removed, %before, uid = peer_uid, "audit log pruned");
+                        gateway.security_event(
+                            "audit_pruned",
+                            None,
+                            format!("{removed} entries before {before}, uid {peer_uid}"),
+                        );
+                        reply(StatusCode::OK, json!({ "removed": removed }))
+                    }
+                    Err(e) => reply(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({ "error": e.to_string() }),
+                    ),
+                },
+            }
+        }
         (&Method::GET, "/v1/audit/verify") => {
             match gateway.audit.verify(gateway.audit.public_key()) {
                 Ok(report) => reply(StatusCode::OK, json!(report)),

@@ -20,10 +20,12 @@ use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use crate::StoreError;
-use crate::checkpoint::{AuditSigner, Checkpoint};
+use crate::checkpoint::{AuditSigner, Checkpoint, PruneMarker};
 
 const TREE: &str = "audit";
 const CHECKPOINTS: &str = "audit_checkpoints";
+const META: &str = "audit_meta";
+const PRUNE_KEY: &[u8] = b"prune";
 /// A checkpoint is signed after this many entries…
 const CHECKPOINT_EVERY: u64 = 1000;
 /// …or this long after the last one, whichever comes first.
@@ -160,6 +162,8 @@ enum Job {
     Append(Box<Record>, Reply),
     /// Sign a checkpoint over everything written so far, now.
     Checkpoint(oneshot::Sender<()>),
+    /// Remove the oldest entries, those started before this time.
+    Prune(jiff::Timestamp, oneshot::Sender<Result<u64, StoreError>>),
 }
 
 /// How far a group commit goes before it is acknowledged.
@@ -177,6 +181,7 @@ pub enum Durability {
 pub struct AuditLog {
     tree: sled::Tree,
     checkpoints: sled::Tree,
+    meta: sled::Tree,
     jobs: mpsc::Sender<Job>,
     /// The public half of the signer, when this log signs.
     public_key: Option<Vec<u8>>,
@@ -194,6 +199,9 @@ impl AuditLog {
             .map_err(|e| StoreError::Io(e.to_string()))?;
         let checkpoints = db
             .open_tree(CHECKPOINTS)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        let meta = db
+            .open_tree(META)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         let signed_through = match checkpoints
             .last()
@@ -223,6 +231,7 @@ impl AuditLog {
             head: hash,
             failed: false,
             checkpoints: checkpoints.clone(),
+            meta: meta.clone(),
             public_key: signer.as_ref().map(|s| s.public_key().to_vec()),
             signer,
             signed_through,
@@ -236,6 +245,7 @@ impl AuditLog {
         Ok(Self {
             tree,
             checkpoints,
+            meta,
             jobs,
             public_key,
         })
@@ -248,6 +258,34 @@ impl AuditLog {
             .send(Job::Append(Box::new(record), reply))
             .map_err(|_| StoreError::Failed)?;
         answer.await.map_err(|_| StoreError::Failed)?
+    }
+
+    /// Removes the oldest entries — the longest run from the start whose
+    /// `started_at` is before `before` — leaving a signed prune marker so the
+    /// rest still verifies. Needs the audit key. Returns how many went.
+    pub async fn prune(&self, before: jiff::Timestamp) -> Result<u64, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job::Prune(before, reply))
+            .map_err(|_| StoreError::Failed)?;
+        answer.await.map_err(|_| StoreError::Failed)?
+    }
+
+    /// [`prune`](Self::prune) outside an async runtime.
+    pub fn prune_blocking(&self, before: jiff::Timestamp) -> Result<u64, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job::Prune(before, reply))
+            .map_err(|_| StoreError::Failed)?;
+        answer.blocking_recv().map_err(|_| StoreError::Failed)?
+    }
+
+    fn prune_marker(&self) -> Result<Option<Result<PruneMarker, String>>, StoreError> {
+        let value = self
+            .meta
+            .get(PRUNE_KEY)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        Ok(value.map(|v| serde_json::from_slice(&v).map_err(|e| e.to_string())))
     }
 
     /// Signs a checkpoint over every entry written so far (if this log
@@ -322,6 +360,11 @@ impl AuditLog {
     /// with `key` (raw Ed25519 public key). The first problem is reported.
     pub fn verify(&self, key: Option<&[u8]>) -> Result<VerifyReport, StoreError> {
         let mut verifier = ChainVerifier::new(key);
+        if let Some(marker) = self.prune_marker()?
+            && !verifier.start(marker)
+        {
+            return Ok(verifier.finish());
+        }
         let mut checkpoints = self.checkpoints.iter().peekable();
         for item in self.tree.iter() {
             let (k, value) = item.map_err(|e| StoreError::Io(e.to_string()))?;
@@ -356,6 +399,14 @@ impl AuditLog {
         let header = serde_json::json!({"type": "header", "format": EXPORT_FORMAT,
             "public_key": self.public_key.as_ref().map(|k| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, k))});
         writeln!(out, "{header}").map_err(io)?;
+        if let Some(Ok(marker)) = self.prune_marker()? {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"type": "prune", "prune": marker})
+            )
+            .map_err(io)?;
+        }
         let mut checkpoints = self.checkpoints.iter().peekable();
         let mut count = 0;
         for item in self.tree.iter() {
@@ -406,6 +457,8 @@ pub fn verify_export(input: impl std::io::BufRead, key: &[u8]) -> Result<VerifyR
             .map_err(|e| StoreError::Io(format!("export line {}: {e}", index + 1)))?;
         let ok = match value["type"].as_str() {
             Some("header") if value["format"] == EXPORT_FORMAT => true,
+            Some("prune") if verifier.report.entries == 0 => verifier
+                .start(serde_json::from_value(value["prune"].clone()).map_err(|e| e.to_string())),
             Some("entry") => {
                 let entry: Result<Entry, String> =
                     serde_json::from_value(value["entry"].clone()).map_err(|e| e.to_string());
@@ -442,6 +495,8 @@ pub fn verify_export(input: impl std::io::BufRead, key: &[u8]) -> Result<VerifyR
 struct ChainVerifier<'k> {
     key: Option<&'k [u8]>,
     prev_hash: Option<String>,
+    /// Entries below this were pruned (a crash may leave some behind).
+    first_seq: u64,
     report: VerifyReport,
 }
 
@@ -450,8 +505,26 @@ impl<'k> ChainVerifier<'k> {
         Self {
             key,
             prev_hash: None,
+            first_seq: 1,
             report: VerifyReport::default(),
         }
+    }
+
+    /// The log starts after a prune: check the marker, continue from it.
+    fn start(&mut self, marker: Result<PruneMarker, String>) -> bool {
+        let Ok(marker) = marker else {
+            return self.fail(VerifyError::PruneInvalid { first_seq: 0 });
+        };
+        if marker.first_seq == 0 || self.key.is_some_and(|key| !marker.verify(key)) {
+            return self.fail(VerifyError::PruneInvalid {
+                first_seq: marker.first_seq,
+            });
+        }
+        self.first_seq = marker.first_seq;
+        self.report.last_seq = marker.first_seq - 1;
+        self.report.pruned_before = marker.first_seq;
+        self.prev_hash = Some(marker.prev);
+        true
     }
 
     fn fail(&mut self, error: VerifyError) -> bool {
@@ -471,6 +544,9 @@ impl<'k> ChainVerifier<'k> {
             }
         };
         let seq = entry.seq;
+        if seq < self.first_seq && stored_at < self.first_seq {
+            return true; // left over from an interrupted prune
+        }
         let expected = self.report.last_seq + 1;
         let problem = if seq != stored_at {
             Some(VerifyError::Moved {
@@ -497,6 +573,9 @@ impl<'k> ChainVerifier<'k> {
     }
 
     fn checkpoint(&mut self, stored_at: u64, checkpoint: Result<Checkpoint, String>) -> bool {
+        if stored_at < self.first_seq {
+            return true; // covered pruned entries
+        }
         let Ok(checkpoint) = checkpoint else {
             return self.fail(VerifyError::CheckpointInvalid { seq: stored_at });
         };
@@ -532,6 +611,9 @@ pub struct VerifyReport {
     /// The last entry covered by a good checkpoint; entries after it are
     /// chained but not yet signed.
     pub signed_through: u64,
+    /// Entries before this one were pruned (0: never pruned).
+    #[serde(default)]
+    pub pruned_before: u64,
     /// The first broken link; `None` when the whole chain holds.
     pub error: Option<VerifyError>,
 }
@@ -555,6 +637,10 @@ pub enum VerifyError {
     CheckpointInvalid { seq: u64 },
     #[error("a checkpoint covers entry {seq}, which is not in the log")]
     CheckpointOrphan { seq: u64 },
+    #[error(
+        "the prune marker (log starting at entry {first_seq}) has no valid signature from the audit key"
+    )]
+    PruneInvalid { first_seq: u64 },
 }
 
 /// What `audit list` selects.
@@ -636,6 +722,7 @@ struct Writer {
     head: String,
     failed: bool,
     checkpoints: sled::Tree,
+    meta: sled::Tree,
     signer: Option<AuditSigner>,
     public_key: Option<Vec<u8>>,
     /// The last entry covered by a checkpoint.
@@ -653,6 +740,10 @@ impl Writer {
                     let _ = done.send(());
                     continue;
                 }
+                Ok(Job::Prune(before, done)) => {
+                    let _ = done.send(self.prune(before));
+                    continue;
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     self.maybe_checkpoint();
                     continue;
@@ -661,15 +752,21 @@ impl Writer {
             };
             let mut group = vec![first];
             let mut asked_to_sign = Vec::new();
+            let mut pruning = Vec::new();
             for job in queue.try_iter().take(MAX_BATCH - 1) {
                 match job {
                     Job::Append(record, reply) => group.push((*record, reply)),
                     Job::Checkpoint(done) => asked_to_sign.push(done),
+                    // Rare; after this group, in order.
+                    Job::Prune(before, done) => pruning.push((before, done)),
                 }
             }
             let results = self.commit(group.iter().map(|(record, _)| record));
             for ((_, reply), result) in group.into_iter().zip(results) {
                 let _ = reply.send(result);
+            }
+            for (before, done) in pruning {
+                let _ = done.send(self.prune(before));
             }
             if asked_to_sign.is_empty() {
                 self.maybe_checkpoint();
@@ -681,6 +778,57 @@ impl Writer {
             }
         }
         self.checkpoint_now();
+    }
+
+    fn prune(&mut self, before: jiff::Timestamp) -> Result<u64, StoreError> {
+        let io = |e: sled::Error| StoreError::Io(e.to_string());
+        let Some(signer) = &self.signer else {
+            return Err(StoreError::Io(
+                "pruning needs the audit key, to sign where the log now starts".into(),
+            ));
+        };
+        let mut last_removed: Option<Entry> = None;
+        let mut count = 0;
+        for item in self.tree.iter() {
+            let (key, value) = item.map_err(io)?;
+            let entry = decode(&key, &value)?;
+            if at_or_after(&entry.record.started_at, &before) {
+                break;
+            }
+            last_removed = Some(entry);
+            count += 1;
+        }
+        let Some(last) = last_removed else {
+            return Ok(0);
+        };
+        // The marker first: after a crash between the two steps, verify
+        // skips the leftovers below it.
+        let marker = signer.sign_prune(last.seq + 1, &last.hash);
+        self.meta
+            .insert(PRUNE_KEY, serde_json::to_vec(&marker).unwrap_or_default())
+            .map_err(io)?;
+        self.sync().map_err(StoreError::Io)?;
+        let mut entries = sled::Batch::default();
+        for key in self.tree.range(..=last.seq.to_be_bytes()).keys() {
+            entries.remove(key.map_err(io)?);
+        }
+        self.tree.apply_batch(entries).map_err(io)?;
+        let mut checkpoints = sled::Batch::default();
+        for key in self.checkpoints.range(..=last.seq.to_be_bytes()).keys() {
+            checkpoints.remove(key.map_err(io)?);
+        }
+        self.checkpoints.apply_batch(checkpoints).map_err(io)?;
+        self.sync().map_err(StoreError::Io)?;
+        Ok(count)
+    }
+
+    /// sled's flush, then (unless measuring) fdatasync of its log file.
+    fn sync(&self) -> Result<(), String> {
+        self.db.flush().map_err(|e| e.to_string())?;
+        match self.durability {
+            Durability::Fdatasync => self.log_file.sync_data().map_err(|e| e.to_string()),
+            Durability::SledFlush => Ok(()),
+        }
     }
 
     fn checkpoint_now(&mut self) {
@@ -1047,6 +1195,69 @@ mod tests {
             matches!(edited.error, Some(VerifyError::Edited { .. })),
             "{edited:?}"
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn pruning_keeps_the_rest_verifiable() {
+        let dir = temp("prune");
+        let store = Store::open(&dir.join("store")).unwrap();
+        let signer = crate::AuditSigner::load_or_create(&dir.join("audit.key")).unwrap();
+        let key = signer.public_key().to_vec();
+        let log = store.audit(Some(signer)).unwrap();
+        for i in 1..=20 {
+            log.append_blocking(record(i)).unwrap();
+        }
+        // Entries 1..=10 started before second 11.
+        let before = jiff::Timestamp::from_second(1_800_000_011).unwrap();
+        assert_eq!(log.prune_blocking(before).unwrap(), 10);
+        assert_eq!(log.get(10).unwrap(), None);
+        let report = log.verify(Some(&key)).unwrap();
+        assert_eq!(
+            (report.error, report.entries, report.pruned_before),
+            (None, 10, 11)
+        );
+        assert_eq!(
+            log.append_blocking(record(21)).unwrap(),
+            21,
+            "the sequence goes on"
+        );
+        assert_eq!(log.verify(Some(&key)).unwrap().error, None);
+
+        let mut export = Vec::new();
+        log.export(&mut export).unwrap();
+        let offline = verify_export(export.as_slice(), &key).unwrap();
+        assert_eq!((offline.error, offline.pruned_before), (None, 11));
+        let other = crate::AuditSigner::load_or_create(&dir.join("other.key")).unwrap();
+        let wrong = verify_export(export.as_slice(), other.public_key()).unwrap();
+        assert_eq!(
+            wrong.error,
+            Some(VerifyError::PruneInvalid { first_seq: 11 })
+        );
+
+        // Claiming the log starts later (hiding entries 11..) needs a signature.
+        let mut forged: PruneMarker =
+            serde_json::from_slice(&log.meta.get(PRUNE_KEY).unwrap().unwrap()).unwrap();
+        forged.first_seq = 15;
+        forged.prev = log.get(14).unwrap().unwrap().hash;
+        log.meta
+            .insert(PRUNE_KEY, serde_json::to_vec(&forged).unwrap())
+            .unwrap();
+        for seq in 11..15u64 {
+            log.tree.remove(seq.to_be_bytes()).unwrap();
+        }
+        assert_eq!(
+            log.verify(Some(&key)).unwrap().error,
+            Some(VerifyError::PruneInvalid { first_seq: 15 })
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn pruning_without_the_key_is_refused() {
+        let (_store, log, dir) = log_with("prune-unsigned", 3);
+        assert!(log.prune_blocking(jiff::Timestamp::now()).is_err());
+        assert_eq!(log.verify(None).unwrap().entries, 3);
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -44,6 +44,37 @@ impl Checkpoint {
     }
 }
 
+/// Written when old entries are pruned: where the log now starts, and the
+/// hash of the last entry removed, signed, so the rest still verifies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneMarker {
+    /// The first entry kept.
+    pub first_seq: u64,
+    /// The hash of entry `first_seq - 1` (the `prev` of the first kept).
+    pub prev: String,
+    pub time: String,
+    pub key: String,
+    pub signature: String,
+}
+
+impl PruneMarker {
+    pub fn message(first_seq: u64, prev: &str, time: &str) -> Vec<u8> {
+        format!("portcullis-audit-prune v1\n{first_seq}\n{prev}\n{time}\n").into_bytes()
+    }
+
+    pub fn verify(&self, public_key: &[u8]) -> bool {
+        let Ok(signature) = STANDARD.decode(&self.signature) else {
+            return false;
+        };
+        UnparsedPublicKey::new(&ED25519, public_key)
+            .verify(
+                &Self::message(self.first_seq, &self.prev, &self.time),
+                &signature,
+            )
+            .is_ok()
+    }
+}
+
 /// The gateway's audit signing key.
 pub struct AuditSigner {
     key: Ed25519KeyPair,
@@ -91,6 +122,18 @@ impl AuditSigner {
 
     pub fn public_key_base64(&self) -> String {
         STANDARD.encode(self.public_key())
+    }
+
+    pub fn sign_prune(&self, first_seq: u64, prev: &str) -> PruneMarker {
+        let time = jiff::Timestamp::now().to_string();
+        let signature = self.key.sign(&PruneMarker::message(first_seq, prev, &time));
+        PruneMarker {
+            first_seq,
+            prev: prev.to_string(),
+            time,
+            key: self.public_key_base64(),
+            signature: STANDARD.encode(signature.as_ref()),
+        }
     }
 
     pub fn sign(&self, seq: u64, head: &str) -> Checkpoint {

@@ -16,7 +16,7 @@ pub use audit::{
     AuditLog, Decision, Durability, Entry, Filter, Kind, Record, RequestContext, Status,
     VerifyError, VerifyReport, verify_export,
 };
-pub use checkpoint::{AuditSigner, Checkpoint, decode_public_key};
+pub use checkpoint::{AuditSigner, Checkpoint, PruneMarker, decode_public_key};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
