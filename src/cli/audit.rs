@@ -150,8 +150,8 @@ pub fn list(source: Source, args: ListArgs) -> ExitCode {
                         query.push(format!("{k}={}", admin::percent_encode(&v)));
                     }
                 };
-                add("since", filter.since.map(|t| t.as_second().to_string()));
-                add("until", filter.until.map(|t| t.as_second().to_string()));
+                add("since", filter.since.map(|t| t.to_string()));
+                add("until", filter.until.map(|t| t.to_string()));
                 add("principal", filter.principal.clone());
                 add("method", filter.method.clone());
                 add("decision", args.decision.clone());
@@ -389,7 +389,10 @@ pub fn prune(source: Source, before: String) -> ExitCode {
         let before = time_arg("before", &before)?;
         match backend(&source, &rt)? {
             Backend::Daemon(socket) => {
-                let path = format!("/v1/audit/prune?before={}", before.as_second());
+                let path = format!(
+                    "/v1/audit/prune?before={}",
+                    admin::percent_encode(&before.to_string())
+                );
                 let (status, body) = rt.block_on(admin::request(&socket, Method::POST, &path))?;
                 if !status.is_success() {
                     return Err(body["error"]

@@ -13,7 +13,7 @@
 //! | GET | /v1/audit/verify | recompute the hash chain |
 //! | GET | /v1/audit/SEQ | one entry |
 //! | GET | /v1/audit/after/SEQ | up to 1,000 entries after SEQ, oldest first |
-//! | POST | /v1/audit/prune?before=SECS | removes older entries, leaving a signed marker |
+//! | POST | /v1/audit/prune?before=TIME | removes older entries, leaving a signed marker |
 
 use std::convert::Infallible;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -168,28 +168,21 @@ async fn route(
             Err(e) => reply(StatusCode::BAD_REQUEST, json!({ "error": e })),
         },
         (&Method::POST, "/v1/audit/prune") => {
-            let before = request
-                .uri()
-                .query()
-                .unwrap_or("")
-                .split('&')
-                .find_map(|p| p.strip_prefix("before="));
-            match before
-                .and_then(|b| b.parse::<i64>().ok())
-                .and_then(|b| jiff::Timestamp::from_second(b).ok())
-            {
+            let query = request.uri().query().unwrap_or("");
+            let before = query.split('&').find_map(|p| p.strip_prefix("before="));
+            let before = before
+                .and_then(|b| percent_decode(b).ok())
+                .and_then(|b| b.parse::<jiff::Timestamp>().ok());
+            match before {
                 None => reply(
                     StatusCode::BAD_REQUEST,
-                    json!({ "error": "expected ?before=UNIX_SECONDS" }),
+                    json!({ "error": "expected ?before=RFC3339_TIME" }),
                 ),
                 Some(before) => match gateway.audit.prune(before).await {
                     Ok(removed) => {
                         info!(removed, %before, uid = peer_uid, "audit log pruned");
-                        gateway.security_event(
-                            "audit_pruned",
-                            None,
-                            format!("{removed} entries before {before}, uid {peer_uid}"),
-                        );
+                        let detail = format!("{removed} entries before {before}, uid {peer_uid}");
+                        gateway.security_event("audit_pruned", None, detail);
                         reply(StatusCode::OK, json!({ "removed": removed }))
                     }
                     Err(e) => reply(
@@ -247,23 +240,21 @@ async fn route(
     }
 }
 
-/// `since`/`until` (Unix seconds), `principal`, `method` (glob),
+/// `since`/`until` (RFC 3339 times), `principal`, `method` (glob),
 /// `decision`, `status`, `limit`; values percent-encoded.
 pub fn audit_filter(query: &str) -> Result<portcullis_store::Filter, String> {
     let mut filter = portcullis_store::Filter::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = percent_decode(value)?;
-        let seconds = || {
+        let time = || {
             value
-                .parse::<i64>()
-                .ok()
-                .and_then(|s| jiff::Timestamp::from_second(s).ok())
-                .ok_or(format!("`{key}` must be Unix seconds"))
+                .parse::<jiff::Timestamp>()
+                .map_err(|_| format!("`{key}` must be an RFC 3339 time"))
         };
         match key {
-            "since" => filter.since = Some(seconds()?),
-            "until" => filter.until = Some(seconds()?),
+            "since" => filter.since = Some(time()?),
+            "until" => filter.until = Some(time()?),
             "principal" => filter.principal = Some(value),
             "method" => filter.method = Some(value),
             "decision" => filter.decision = Some(named(key, &value)?),
