@@ -7,37 +7,18 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Gateway, key_b64};
+use common::{Gateway, alice_policy, key_b64};
 use portcullis::frame::RequestId;
 use portcullis_crypto::StaticKeypair;
 use portcullis_store::{Decision, Entry, Kind, Status};
 use serde_json::json;
 
 fn entries(gw: &Gateway) -> Vec<Entry> {
-    let config = gw.dir.join("portcullis.toml");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
-        .args(["audit", "list", "--json", "--limit", "100000", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    gw.audit_entries()
 }
 
 fn cli(gw: &Gateway, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
-        .args(args)
-        .arg("--config")
-        .arg(gw.dir.join("portcullis.toml"))
-        .output()
-        .unwrap()
+    gw.cli_config(args)
 }
 
 #[tokio::test]
@@ -306,10 +287,7 @@ async fn every_request_ends_in_exactly_one_entry() {
 async fn tail_shows_the_last_entries_and_follows_new_ones() {
     use std::io::BufRead as _;
     let alice = StaticKeypair::generate().unwrap();
-    let policy = format!(
-        "[[principal]]\nid = \"alice\"\npublic_key = \"{}\"\n[[grant]]\nid = \"g\"\nprincipals = [\"alice\"]\nresources = {{}}\n",
-        key_b64(&alice)
-    );
+    let policy = alice_policy(&alice);
     let gw = Gateway::start(&policy, "");
     let client = gw.connect(&alice).await.unwrap();
     client.accept_all().await.unwrap();
@@ -358,10 +336,7 @@ async fn tail_shows_the_last_entries_and_follows_new_ones() {
 #[tokio::test]
 async fn prune_through_the_daemon_keeps_the_log_verifiable() {
     let alice = StaticKeypair::generate().unwrap();
-    let policy = format!(
-        "[[principal]]\nid = \"alice\"\npublic_key = \"{}\"\n[[grant]]\nid = \"g\"\nprincipals = [\"alice\"]\nresources = {{}}\n",
-        key_b64(&alice)
-    );
+    let policy = alice_policy(&alice);
     let gw = Gateway::start(&policy, "[audit]\nmax_age = \"90d\"");
     let client = gw.connect(&alice).await.unwrap();
     client.accept_all().await.unwrap();

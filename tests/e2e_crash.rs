@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Gateway, key_b64};
+use common::{Gateway, alice_policy};
 use portcullis::frame::RequestId;
 use portcullis_crypto::StaticKeypair;
 use portcullis_store::Entry;
@@ -25,10 +25,7 @@ async fn acknowledged_requests_survive_sigkill() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
     let alice = StaticKeypair::generate().unwrap();
-    let policy = format!(
-        "[[principal]]\nid = \"alice\"\npublic_key = \"{}\"\n[[grant]]\nid = \"g\"\nprincipals = [\"alice\"]\nresources = {{}}\n",
-        key_b64(&alice)
-    );
+    let policy = alice_policy(&alice);
     let mut gw = Gateway::start(&policy, "[limits]\nmax_sessions_per_principal = 64");
     let acked: Arc<Mutex<HashSet<String>>> = Arc::default();
 
@@ -70,20 +67,7 @@ async fn acknowledged_requests_survive_sigkill() {
         "too little load to mean anything: {} acknowledged",
         acked.len()
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
-        .args(["audit", "list", "--json", "--limit", "10000000", "--config"])
-        .arg(gw.dir.join("portcullis.toml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let recorded: Vec<Entry> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let recorded: Vec<Entry> = gw.audit_entries();
     let mut seen = HashSet::new();
     for entry in &recorded {
         if let Some(id) = &entry.record.request_id {
@@ -98,11 +82,7 @@ async fn acknowledged_requests_survive_sigkill() {
         missing.iter().take(5).collect::<Vec<_>>()
     );
 
-    let verify = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
-        .args(["audit", "verify", "--config"])
-        .arg(gw.dir.join("portcullis.toml"))
-        .output()
-        .unwrap();
+    let verify = gw.cli_config(&["audit", "verify"]);
     assert!(
         verify.status.success(),
         "{}",

@@ -243,3 +243,40 @@ pub async fn closed_by_gateway(ws: &mut WebSocketStream<TcpStream>, within: Dura
 pub fn key_b64(key: &StaticKeypair) -> String {
     key.public().to_base64()
 }
+
+/// A policy with one principal, `alice` (this key), granted `resources`:
+/// the one capability a provider serves today.
+pub fn alice_policy(alice: &StaticKeypair) -> String {
+    format!(
+        "[[principal]]\nid = \"alice\"\npublic_key = \"{}\"\n\
+         [[grant]]\nid = \"g\"\nprincipals = [\"alice\"]\nresources = {{}}\n",
+        key_b64(alice)
+    )
+}
+
+impl Gateway {
+    /// Runs `portcullis ARGS --config <this gateway's config>`.
+    pub fn cli_config(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_portcullis"))
+            .args(args)
+            .arg("--config")
+            .arg(self.dir.join("portcullis.toml"))
+            .output()
+            .unwrap()
+    }
+
+    /// Every audit entry, newest first, read with `portcullis audit list`
+    /// (through the admin socket while the gateway runs, else the store).
+    pub fn audit_entries(&self) -> Vec<portcullis_store::Entry> {
+        let out = self.cli_config(&["audit", "list", "--json", "--limit", "100000000"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
