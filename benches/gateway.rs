@@ -5,7 +5,10 @@
 //! - connect + WebSocket upgrade + Noise handshake + hello, new connection
 //!   each time: p50/p90/p99 over 1,000 connections;
 //! - a small request (`resource.list`) on an open session: p50/p99;
-//! - the daemon's RSS growth with 1,000 idle authenticated sessions.
+//! - the daemon's RSS growth with 1,000 idle authenticated sessions;
+//! - audited small requests per second with 1, 16 and 256 requests in
+//!   flight at once (spread over up to 16 sessions), each answered only
+//!   after its audit entry is durable.
 //!
 //! Figures are printed, never asserted.
 
@@ -37,7 +40,7 @@ fn main() {
     std::fs::write(
         dir.join("portcullis.toml"),
         "listen = [\"127.0.0.1:0\"]\nkey_file = \"gateway.key\"\npolicy = \"policy.toml\"\nstate_dir = \"state\"\n\
-         admin_socket = \"admin.sock\"\n[limits]\nmax_sessions_per_principal = 5000\nidle_timeout = \"10m\"\n",
+         admin_socket = \"admin.sock\"\n[limits]\nmax_sessions_per_principal = 5000\nidle_timeout = \"10m\"\nmax_in_flight = 64\n",
     )
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis"))
@@ -105,6 +108,39 @@ fn main() {
             (after.saturating_sub(before)) as f64 / IDLE_SESSIONS as f64
         );
         drop(idle);
+
+        for concurrency in [1usize, 16, 256] {
+            let sessions: Vec<std::sync::Arc<Client>> = {
+                let mut all = Vec::new();
+                for _ in 0..concurrency.min(16) {
+                    let client = Client::connect(options()).await.unwrap();
+                    client.accept_all().await.unwrap();
+                    all.push(std::sync::Arc::new(client));
+                }
+                all
+            };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let tasks: Vec<_> = (0..concurrency)
+                .map(|i| {
+                    let client = sessions[i % sessions.len()].clone();
+                    tokio::spawn(async move {
+                        let mut latencies = Vec::new();
+                        while Instant::now() < deadline {
+                            let started = Instant::now();
+                            client.request("resource.list", json!({})).await.unwrap();
+                            latencies.push(started.elapsed());
+                        }
+                        latencies
+                    })
+                })
+                .collect();
+            let mut latencies = Vec::new();
+            for task in tasks {
+                latencies.extend(task.await.unwrap());
+            }
+            let rate = latencies.len() as f64 / 3.0;
+            report(&format!("audited requests, {concurrency} in flight ({rate:.0}/s)"), &mut latencies);
+        }
     });
     let _ = child.kill();
     let _ = child.wait();
