@@ -77,6 +77,16 @@ fn main() {
                 pick(0.99).as_secs_f64() * 1e3
             );
             assert_eq!(log.verify(None).unwrap().error, None);
+            if writers == 256 {
+                // For sizing `[audit] max_entries`.
+                let stats = log.stats().unwrap();
+                println!(
+                    "  on disk: {} entries, {} bytes, {:.0} bytes/entry",
+                    stats.entries,
+                    stats.size_on_disk,
+                    stats.size_on_disk as f64 / stats.entries.max(1) as f64
+                );
+            }
         }
     }
     let _ = std::fs::remove_dir_all(base);

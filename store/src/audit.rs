@@ -162,8 +162,29 @@ enum Job {
     Append(Box<Record>, Reply),
     /// Sign a checkpoint over everything written so far, now.
     Checkpoint(oneshot::Sender<()>),
-    /// Remove the oldest entries, those started before this time.
-    Prune(jiff::Timestamp, oneshot::Sender<Result<u64, StoreError>>),
+    /// Remove the oldest entries, as far as the bound says.
+    Prune(Retain, oneshot::Sender<Result<u64, StoreError>>),
+}
+
+/// Which of the oldest entries a prune removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retain {
+    /// Keep entries started at or after this time (and everything after
+    /// the first of them: the log is pruned from its start only).
+    Since(jiff::Timestamp),
+    /// Keep at most this many of the newest entries.
+    Newest(u64),
+}
+
+/// How big the log is, for retention and `audit status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LogStats {
+    pub entries: u64,
+    /// Sequence number of the oldest entry kept (0 when empty).
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// Bytes sled occupies on disk (all trees; sled reclaims space lazily).
+    pub size_on_disk: u64,
 }
 
 /// How far a group commit goes before it is acknowledged.
@@ -179,6 +200,7 @@ pub enum Durability {
 /// A handle to the audit log; cheap to clone.
 #[derive(Clone)]
 pub struct AuditLog {
+    db: sled::Db,
     tree: sled::Tree,
     checkpoints: sled::Tree,
     meta: sled::Tree,
@@ -243,6 +265,7 @@ impl AuditLog {
             .spawn(move || writer.run(queue))
             .map_err(|e| StoreError::Io(e.to_string()))?;
         Ok(Self {
+            db: db.clone(),
             tree,
             checkpoints,
             meta,
@@ -264,18 +287,23 @@ impl AuditLog {
     /// `started_at` is before `before` — leaving a signed prune marker so the
     /// rest still verifies. Needs the audit key. Returns how many went.
     pub async fn prune(&self, before: jiff::Timestamp) -> Result<u64, StoreError> {
+        self.prune_to(Retain::Since(before)).await
+    }
+
+    /// Removes the oldest entries beyond `bound`; see [`prune`](Self::prune).
+    pub async fn prune_to(&self, bound: Retain) -> Result<u64, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(Job::Prune(before, reply))
+            .send(Job::Prune(bound, reply))
             .map_err(|_| StoreError::Failed)?;
         answer.await.map_err(|_| StoreError::Failed)?
     }
 
-    /// [`prune`](Self::prune) outside an async runtime.
-    pub fn prune_blocking(&self, before: jiff::Timestamp) -> Result<u64, StoreError> {
+    /// [`prune_to`](Self::prune_to) outside an async runtime.
+    pub fn prune_blocking(&self, bound: Retain) -> Result<u64, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(Job::Prune(before, reply))
+            .send(Job::Prune(bound, reply))
             .map_err(|_| StoreError::Failed)?;
         answer.blocking_recv().map_err(|_| StoreError::Failed)?
     }
@@ -349,6 +377,29 @@ impl AuditLog {
             out.push(decode(&key, &value)?);
         }
         Ok(out)
+    }
+
+    /// Entry count and disk use. Sequence numbers are contiguous from the
+    /// oldest kept entry, so this reads two keys, not the whole log.
+    pub fn stats(&self) -> Result<LogStats, StoreError> {
+        let io = |e: sled::Error| StoreError::Io(e.to_string());
+        let first_seq = self.tree.first().map_err(io)?.map(|(k, _)| key_seq(&k));
+        let last_seq = self.tree.last().map_err(io)?.map(|(k, _)| key_seq(&k));
+        let size_on_disk = self.db.size_on_disk().map_err(io)?;
+        Ok(match (first_seq, last_seq) {
+            (Some(first_seq), Some(last_seq)) => LogStats {
+                entries: last_seq - first_seq + 1,
+                first_seq,
+                last_seq,
+                size_on_disk,
+            },
+            _ => LogStats {
+                entries: 0,
+                first_seq: 0,
+                last_seq: 0,
+                size_on_disk,
+            },
+        })
     }
 
     /// The public key that signs this log's checkpoints, if it signs.
@@ -740,8 +791,8 @@ impl Writer {
                     let _ = done.send(());
                     continue;
                 }
-                Ok(Job::Prune(before, done)) => {
-                    let _ = done.send(self.prune(before));
+                Ok(Job::Prune(bound, done)) => {
+                    let _ = done.send(self.prune(bound));
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -758,15 +809,15 @@ impl Writer {
                     Job::Append(record, reply) => group.push((*record, reply)),
                     Job::Checkpoint(done) => asked_to_sign.push(done),
                     // Rare; after this group, in order.
-                    Job::Prune(before, done) => pruning.push((before, done)),
+                    Job::Prune(bound, done) => pruning.push((bound, done)),
                 }
             }
             let results = self.commit(group.iter().map(|(record, _)| record));
             for ((_, reply), result) in group.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
-            for (before, done) in pruning {
-                let _ = done.send(self.prune(before));
+            for (bound, done) in pruning {
+                let _ = done.send(self.prune(bound));
             }
             if asked_to_sign.is_empty() {
                 self.maybe_checkpoint();
@@ -780,26 +831,42 @@ impl Writer {
         self.checkpoint_now();
     }
 
-    fn prune(&mut self, before: jiff::Timestamp) -> Result<u64, StoreError> {
+    fn prune(&mut self, bound: Retain) -> Result<u64, StoreError> {
         let io = |e: sled::Error| StoreError::Io(e.to_string());
         let Some(signer) = &self.signer else {
             return Err(StoreError::Io(
                 "pruning needs the audit key, to sign where the log now starts".into(),
             ));
         };
-        let mut last_removed: Option<Entry> = None;
-        let mut count = 0;
-        for item in self.tree.iter() {
-            let (key, value) = item.map_err(io)?;
-            let entry = decode(&key, &value)?;
-            if at_or_after(&entry.record.started_at, &before) {
-                break;
-            }
-            last_removed = Some(entry);
-            count += 1;
-        }
-        let Some(last) = last_removed else {
+        let Some(first_seq) = self.tree.first().map_err(io)?.map(|(k, _)| key_seq(&k)) else {
             return Ok(0);
+        };
+        let last_removed_seq = match bound {
+            Retain::Newest(keep) => self.seq.saturating_sub(keep),
+            Retain::Since(before) => {
+                let mut last = 0;
+                for item in self.tree.iter() {
+                    let (key, value) = item.map_err(io)?;
+                    let entry = decode(&key, &value)?;
+                    if at_or_after(&entry.record.started_at, &before) {
+                        break;
+                    }
+                    last = entry.seq;
+                }
+                last
+            }
+        };
+        if last_removed_seq < first_seq {
+            return Ok(0);
+        }
+        let count = last_removed_seq - first_seq + 1;
+        let last = match self.tree.get(last_removed_seq.to_be_bytes()).map_err(io)? {
+            Some(value) => decode(&last_removed_seq.to_be_bytes(), &value)?,
+            None => {
+                return Err(StoreError::Io(format!(
+                    "entry {last_removed_seq} is missing"
+                )));
+            }
         };
         // The marker first: after a crash between the two steps, verify
         // skips the leftovers below it.
@@ -1210,7 +1277,7 @@ mod tests {
         }
         // Entries 1..=10 started before second 11.
         let before = jiff::Timestamp::from_second(1_800_000_011).unwrap();
-        assert_eq!(log.prune_blocking(before).unwrap(), 10);
+        assert_eq!(log.prune_blocking(Retain::Since(before)).unwrap(), 10);
         assert_eq!(log.get(10).unwrap(), None);
         let report = log.verify(Some(&key)).unwrap();
         assert_eq!(
@@ -1254,9 +1321,41 @@ mod tests {
     }
 
     #[test]
+    fn pruning_to_a_count_keeps_the_newest() {
+        let dir = temp("prune-count");
+        let store = Store::open(&dir.join("store")).unwrap();
+        let signer = crate::AuditSigner::load_or_create(&dir.join("audit.key")).unwrap();
+        let key = signer.public_key().to_vec();
+        let log = store.audit(Some(signer)).unwrap();
+        for i in 1..=25 {
+            log.append_blocking(record(i)).unwrap();
+        }
+        assert_eq!(log.stats().unwrap().entries, 25);
+        assert_eq!(log.prune_blocking(Retain::Newest(10)).unwrap(), 15);
+        let stats = log.stats().unwrap();
+        assert_eq!(
+            (stats.entries, stats.first_seq, stats.last_seq),
+            (10, 16, 25)
+        );
+        assert_eq!(
+            log.prune_blocking(Retain::Newest(10)).unwrap(),
+            0,
+            "already within"
+        );
+        assert_eq!(log.prune_blocking(Retain::Newest(100)).unwrap(), 0);
+        let report = log.verify(Some(&key)).unwrap();
+        assert_eq!((report.error, report.entries), (None, 10));
+        assert_eq!(log.prune_blocking(Retain::Newest(0)).unwrap(), 10);
+        assert_eq!(log.stats().unwrap().entries, 0);
+        assert_eq!(log.append_blocking(record(26)).unwrap(), 26);
+        assert_eq!(log.verify(Some(&key)).unwrap().error, None);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn pruning_without_the_key_is_refused() {
         let (_store, log, dir) = log_with("prune-unsigned", 3);
-        assert!(log.prune_blocking(jiff::Timestamp::now()).is_err());
+        assert!(log.prune_blocking(Retain::Newest(1)).is_err());
         assert_eq!(log.verify(None).unwrap().entries, 3);
         let _ = std::fs::remove_dir_all(dir);
     }
