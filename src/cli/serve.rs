@@ -10,6 +10,7 @@ use portcullis::config::Config;
 use portcullis::keyfile;
 use portcullis::server::{self, Gateway};
 use portcullis_policy::load_file;
+use portcullis_store::Retain;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
 
@@ -80,8 +81,8 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
         }
     };
     tokio::spawn(server::admin::serve(gateway.clone(), admin));
-    if let Some(max_age) = gateway.config.audit.max_age {
-        tokio::spawn(retention(gateway.clone(), max_age));
+    if !gateway.config.audit.retains_everything() {
+        tokio::spawn(retention(gateway.clone()));
     }
     let (Ok(mut hangup), Ok(mut terminate), Ok(mut interrupt)) = (
         signal(SignalKind::hangup()),
@@ -129,34 +130,45 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Prunes audit entries older than `max_age`, now and then every hour.
-async fn retention(gateway: Arc<Gateway>, max_age: Duration) {
-    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+/// Applies `[audit]` retention now and then every minute: entries older
+/// than `max_age`, then the oldest beyond `max_entries`. A minute keeps a
+/// flood (say of failed handshakes) from outgrowing the bound for long.
+async fn retention(gateway: Arc<Gateway>) {
+    let config = gateway.config.audit.clone();
+    let mut tick = tokio::time::interval(RETENTION_INTERVAL);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = gateway.shutdown.cancelled() => return,
         }
-        let Ok(age) = jiff::SignedDuration::try_from(max_age) else {
-            return;
-        };
-        let Ok(before) = jiff::Timestamp::now().checked_sub(age) else {
-            continue;
-        };
-        match gateway.audit.prune(before).await {
-            Ok(0) => {}
-            Ok(removed) => {
-                info!(removed, %before, "audit retention: pruned old entries");
-                gateway.security_event(
-                    "audit_pruned",
-                    None,
-                    format!("retention: {removed} entries before {before}"),
-                );
+        let by_age = config.max_age.and_then(|age| {
+            let age = jiff::SignedDuration::try_from(age).ok()?;
+            jiff::Timestamp::now().checked_sub(age).ok()
+        });
+        let bounds = [
+            by_age.map(|before| (Retain::Since(before), format!("before {before}"))),
+            config
+                .max_entries
+                .map(|keep| (Retain::Newest(keep), format!("beyond the newest {keep}"))),
+        ];
+        for (bound, why) in bounds.into_iter().flatten() {
+            match gateway.audit.prune_to(bound).await {
+                Ok(0) => {}
+                Ok(removed) => {
+                    info!(removed, "audit retention: pruned entries {why}");
+                    gateway.security_event(
+                        "audit_pruned",
+                        None,
+                        format!("retention: {removed} entries {why}"),
+                    );
+                }
+                Err(e) => error!("audit retention: {e}"),
             }
-            Err(e) => error!("audit retention: {e}"),
         }
     }
 }
+
+const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
 pub fn init_logging() {
