@@ -305,29 +305,31 @@ pub fn verify(source: Source, args: VerifyArgs) -> ExitCode {
     }
 }
 
-/// Writes the log as JSON Lines (entries and signed checkpoints). Needs the
-/// daemon stopped: the export is read straight from the store.
+/// Writes the log as JSON Lines (entries and signed checkpoints), from the
+/// running daemon or, when it is stopped, straight from the store.
 pub fn export(source: Source, output: Option<PathBuf>) -> ExitCode {
     let result = (|| {
-        let config = Config::load(&source.config).map_err(|e| e.to_string())?;
-        let store = Store::open(&config.state_dir.join("store")).map_err(|e| {
-            format!("{e}; export reads the store directly, so stop the daemon first")
-        })?;
-        let log = store.audit(None).map_err(|e| e.to_string())?;
+        let rt = runtime()?;
         let mut out: Box<dyn std::io::Write> = match &output {
             Some(path) => Box::new(std::io::BufWriter::new(
                 std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
             )),
             None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
         };
-        let count = log.export(&mut out).map_err(|e| e.to_string())?;
-        out.flush().map_err(|e| e.to_string())?;
-        Ok::<u64, String>(count)
+        match backend(&source, &rt)? {
+            Backend::Daemon(socket) => {
+                rt.block_on(admin::download(&socket, "/v1/audit/export", &mut out))?
+            }
+            Backend::Offline(log, _store) => {
+                log.export(&mut out).map_err(|e| e.to_string())?;
+            }
+        }
+        out.flush().map_err(|e| e.to_string())
     })();
     match result {
-        Ok(count) => {
-            if output.is_some() {
-                eprintln!("exported {count} entries");
+        Ok(()) => {
+            if let Some(path) = output {
+                eprintln!("exported the audit log to {}", path.display());
             }
             ExitCode::SUCCESS
         }

@@ -13,15 +13,21 @@
 //! | GET | /v1/audit/verify | recompute the hash chain |
 //! | GET | /v1/audit/SEQ | one entry |
 //! | GET | /v1/audit/after/SEQ | up to 1,000 entries after SEQ, oldest first |
+//! | GET | /v1/audit/export | the whole log as JSON Lines (see `AuditLog::export`), streamed |
 //! | POST | /v1/audit/prune?before=TIME | removes older entries, leaving a signed marker |
+//!
+//! Reading the log scans sled, so those handlers run on the blocking pool:
+//! a long `verify` never holds up a session's worker thread.
 
 use std::convert::Infallible;
+use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -83,11 +89,7 @@ pub async fn serve(gateway: Arc<Gateway>, listener: UnixListener) {
     let _ = std::fs::remove_file(&path);
 }
 
-async fn route(
-    gateway: &Gateway,
-    request: Request<Incoming>,
-    peer_uid: u32,
-) -> Response<Full<Bytes>> {
+async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> Response<Body> {
     let path = request.uri().path().to_string();
     match (request.method(), path.as_str()) {
         (&Method::GET, "/v1/status") => {
@@ -158,13 +160,13 @@ async fn route(
             }
         }
         (&Method::GET, "/v1/audit") => match audit_filter(request.uri().query().unwrap_or("")) {
-            Ok(filter) => match gateway.audit.list(&filter) {
-                Ok(entries) => reply(StatusCode::OK, json!({ "entries": entries })),
-                Err(e) => reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    json!({ "error": e.to_string() }),
-                ),
-            },
+            Ok(filter) => {
+                let audit = gateway.audit.clone();
+                match blocking(move || audit.list(&filter)).await {
+                    Ok(entries) => reply(StatusCode::OK, json!({ "entries": entries })),
+                    Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e })),
+                }
+            }
             Err(e) => reply(StatusCode::BAD_REQUEST, json!({ "error": e })),
         },
         (&Method::POST, "/v1/audit/prune") => {
@@ -193,44 +195,41 @@ async fn route(
             }
         }
         (&Method::GET, "/v1/audit/verify") => {
-            match gateway.audit.verify(gateway.audit.public_key()) {
+            let audit = gateway.audit.clone();
+            match blocking(move || audit.verify(audit.public_key())).await {
                 Ok(report) => reply(StatusCode::OK, json!(report)),
-                Err(e) => reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    json!({ "error": e.to_string() }),
-                ),
+                Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e })),
             }
         }
+        (&Method::GET, "/v1/audit/export") => export(gateway),
         (&Method::GET, p) if p.starts_with("/v1/audit/after/") => {
-            match p["/v1/audit/after/".len()..]
-                .parse::<u64>()
-                .map(|seq| gateway.audit.after(seq, 1000))
-            {
-                Ok(Ok(entries)) => reply(StatusCode::OK, json!({ "entries": entries })),
-                Ok(Err(e)) => reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    json!({ "error": e.to_string() }),
-                ),
-                Err(_) => reply(
+            let Ok(seq) = p["/v1/audit/after/".len()..].parse::<u64>() else {
+                return reply(
                     StatusCode::BAD_REQUEST,
                     json!({ "error": "expected /v1/audit/after/SEQ" }),
-                ),
+                );
+            };
+            let audit = gateway.audit.clone();
+            match blocking(move || audit.after(seq, 1000)).await {
+                Ok(entries) => reply(StatusCode::OK, json!({ "entries": entries })),
+                Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e })),
             }
         }
         (&Method::GET, p) if p.starts_with("/v1/audit/") => {
-            match p["/v1/audit/".len()..]
-                .parse::<u64>()
-                .map(|seq| gateway.audit.get(seq))
-            {
-                Ok(Ok(Some(entry))) => reply(StatusCode::OK, json!(entry)),
-                Ok(Err(e)) => reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    json!({ "error": e.to_string() }),
-                ),
-                _ => reply(
+            let Ok(seq) = p["/v1/audit/".len()..].parse::<u64>() else {
+                return reply(
+                    StatusCode::NOT_FOUND,
+                    json!({ "error": "no such audit entry" }),
+                );
+            };
+            let audit = gateway.audit.clone();
+            match blocking(move || audit.get(seq)).await {
+                Ok(Some(entry)) => reply(StatusCode::OK, json!(entry)),
+                Ok(None) => reply(
                     StatusCode::NOT_FOUND,
                     json!({ "error": "no such audit entry" }),
                 ),
+                Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e })),
             }
         }
         _ => reply(
@@ -306,8 +305,77 @@ fn percent_decode(value: &str) -> Result<String, String> {
     String::from_utf8(out).map_err(|_| "query is not UTF-8".to_string())
 }
 
-fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(format!("{body}\n"))));
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// Runs a store read on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    read: impl FnOnce() -> Result<T, portcullis_store::StoreError> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(read).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(e) => Err(format!("the store read failed: {e}")),
+    }
+}
+
+/// Streams `AuditLog::export` as it is written, 64 KiB at a time. A failure
+/// part-way ends the body with an `error` line, which `verify --file`
+/// refuses, so a cut-short export cannot pass for a whole one.
+fn export(gateway: &Gateway) -> Response<Body> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let audit = gateway.audit.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut out = ChunkWriter {
+            tx,
+            buf: Vec::new(),
+        };
+        if let Err(e) = audit.export(&mut out) {
+            let line = json!({ "type": "error", "message": e.to_string() });
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = out.flush();
+    });
+    let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
+        let chunk = rx.recv().await?;
+        Some((Ok(hyper::body::Frame::data(chunk)), rx))
+    });
+    let mut response = Response::new(StreamBody::new(chunks).boxed_unsync());
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/jsonl"),
+    );
+    response
+}
+
+/// A `Write` that hands full buffers to an async body; blocks while the
+/// reader is slow, so an export never piles up in memory.
+struct ChunkWriter {
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    buf: Vec<u8>,
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= 64 * 1024 {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            let chunk = Bytes::from(std::mem::take(&mut self.buf));
+            self.tx.blocking_send(chunk).map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the reader went away")
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn reply(status: StatusCode, body: Value) -> Response<Body> {
+    let body = Full::new(Bytes::from(format!("{body}\n"))).boxed_unsync();
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -322,7 +390,42 @@ pub async fn request(
     method: Method,
     path: &str,
 ) -> Result<(StatusCode, Value), String> {
-    use http_body_util::BodyExt as _;
+    let response = send(socket, method, path).await?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    Ok((status, value))
+}
+
+/// A GET whose body is copied to `out` as it arrives (`audit export`).
+/// Returns the error message of a refused request.
+pub async fn download(
+    socket: &Path,
+    path: &str,
+    out: &mut dyn std::io::Write,
+) -> Result<(), String> {
+    let response = send(socket, Method::GET, path).await?;
+    let status = response.status();
+    let mut body = response.into_body();
+    if !status.is_success() {
+        let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        return Err(value["error"].as_str().unwrap_or("refused").to_string());
+    }
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() {
+            out.write_all(&data).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+async fn send(socket: &Path, method: Method, path: &str) -> Result<Response<Incoming>, String> {
     let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
         format!(
             "cannot reach the daemon at {}: {e} (is it running? see --admin-socket)",
@@ -339,17 +442,8 @@ pub async fn request(
         .header(hyper::header::HOST, "portcullis")
         .body(http_body_util::Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
-    let response = sender
+    sender
         .send_request(request)
         .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    Ok((status, value))
+        .map_err(|e| e.to_string())
 }
