@@ -80,6 +80,7 @@ async fn status_sessions_and_kill() {
         .unwrap();
     assert!(reason.contains("operator"), "{reason}");
     assert!(!gw.cli(&["sessions", "kill", "999"]).status.success());
+    gw.assert_requests_audited(0);
 }
 
 #[tokio::test]
@@ -114,6 +115,7 @@ async fn reload_through_the_admin_socket() {
         .await
         .unwrap();
     assert!(reason.contains("revoked"), "{reason}");
+    gw.assert_requests_audited(1);
 }
 
 #[tokio::test]
@@ -162,6 +164,7 @@ async fn pause_refuses_everything_and_survives_a_restart() {
         .request("resource.list", json!({}))
         .await
         .expect("served again after resume");
+    gw.assert_requests_audited(3);
 }
 
 #[tokio::test]

@@ -206,6 +206,45 @@ async fn every_request_ends_in_exactly_one_entry() {
     .to_string();
     assert_eq!(table.lines().count(), 1 + 3, "{table}");
 
+    // Running, an export streams through the admin socket and verifies.
+    let key = String::from_utf8(cli(&gw, &["audit", "key"]).stdout).unwrap();
+    let live_export = gw.dir.join("live-export.jsonl");
+    let exported = cli(
+        &gw,
+        &["audit", "export", "--output", live_export.to_str().unwrap()],
+    );
+    assert!(
+        exported.status.success(),
+        "{}",
+        String::from_utf8_lossy(&exported.stderr)
+    );
+    let checked = cli(
+        &gw,
+        &[
+            "audit",
+            "verify",
+            "--file",
+            live_export.to_str().unwrap(),
+            "--key",
+            key.trim(),
+        ],
+    );
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stdout)
+    );
+    let exported_entries = std::fs::read_to_string(&live_export)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(r#""type":"entry""#))
+        .count();
+    assert!(
+        exported_entries >= all.len(),
+        "{exported_entries} < {}",
+        all.len()
+    );
+
     // Stopped, the CLI reads the store itself, with the same answers.
     drop((client, bob_client));
     gw.signal("TERM");
@@ -229,7 +268,6 @@ async fn every_request_ends_in_exactly_one_entry() {
     );
 
     // An export verifies anywhere with the audit public key alone.
-    let key = String::from_utf8(cli(&gw, &["audit", "key"]).stdout).unwrap();
     let export = gw.dir.join("export.jsonl");
     assert!(
         cli(
@@ -373,5 +411,39 @@ async fn prune_through_the_daemon_keeps_the_log_verifiable() {
         entries(&gw)
             .iter()
             .any(|e| e.record.event.as_deref() == Some("audit_pruned"))
+    );
+}
+
+#[tokio::test]
+async fn max_entries_bounds_the_log_at_start_and_every_minute() {
+    let alice = StaticKeypair::generate().unwrap();
+    let policy = alice_policy(&alice);
+    let mut gw = Gateway::start(&policy, "[audit]\nmax_entries = 8");
+    {
+        let client = gw.connect(&alice).await.unwrap();
+        client.accept_all().await.unwrap();
+        for _ in 0..20 {
+            client.request("resource.list", json!({})).await.unwrap();
+        }
+    }
+    assert!(entries(&gw).len() >= 20);
+    // Retention runs as the daemon starts, then every minute.
+    gw.restart();
+    assert!(
+        gw.wait_log("audit retention: pruned", Duration::from_secs(10))
+            .await
+    );
+    let kept = entries(&gw);
+    // The newest 8, plus what was written since (the prune's own event).
+    assert!(kept.len() <= 8 + 2, "{} entries kept", kept.len());
+    assert!(
+        kept.iter()
+            .any(|e| e.record.event.as_deref() == Some("audit_pruned"))
+    );
+    let verify = cli(&gw, &["audit", "verify"]);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
     );
 }

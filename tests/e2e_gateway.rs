@@ -126,6 +126,7 @@ async fn hello_is_narrowed_to_the_principals_grants() {
         json!({"resources": []})
     );
     assert!(alice.ping().await.unwrap() < 5 * SECOND);
+    gw.assert_requests_audited(1);
 }
 
 #[tokio::test]
@@ -151,6 +152,7 @@ async fn the_client_refuses_a_gateway_with_another_key() {
     // Message 3 (with the token) was never sent, so the gateway saw no session.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!gw.log().contains("session authenticated"), "{}", gw.log());
+    gw.assert_requests_audited(0);
 }
 
 #[tokio::test]
@@ -181,6 +183,7 @@ async fn unknown_keys_tokens_and_disabled_principals_are_refused() {
             .await
     );
     assert!(!gw.log().contains(TOKEN), "the token must never be logged");
+    gw.assert_requests_audited(0);
 }
 
 #[tokio::test]
@@ -243,6 +246,7 @@ async fn request_rules_before_and_after_relay_accepted() {
         .await
         .unwrap();
     again.response().await.unwrap();
+    gw.assert_requests_audited(9);
 }
 
 #[tokio::test]
@@ -261,6 +265,7 @@ async fn a_malformed_request_is_answered_by_id() {
         matches!(&err, ClientError::Remote(e) if e.code == ErrorCode::InvalidRequest && e.message.contains("method")),
         "{err}"
     );
+    gw.assert_requests_audited(1);
 }
 
 #[tokio::test]
@@ -311,6 +316,7 @@ async fn a_reload_that_removes_a_grant_closes_the_session_and_others_hear_of_cha
         err.to_string().contains("authentication failed") || matches!(err, ClientError::Channel(_)),
         "{err}"
     );
+    gw.assert_requests_audited(1);
 }
 
 #[tokio::test]
@@ -339,6 +345,7 @@ async fn a_text_message_closes_the_connection() {
         .unwrap();
     assert!(closed_by_gateway(&mut ws, 5 * SECOND).await);
     still_serves(&gw, &k).await;
+    gw.assert_requests_audited(1);
 }
 
 #[tokio::test]
@@ -374,6 +381,7 @@ async fn garbage_and_flipped_bits_after_the_handshake_close_the_connection() {
     ws.send(Message::Binary(sealed.into())).await.unwrap();
     assert!(closed_by_gateway(&mut ws, 5 * SECOND).await, "replay");
     still_serves(&gw, &k).await;
+    gw.assert_requests_audited(1);
 }
 
 #[tokio::test]
@@ -386,6 +394,7 @@ async fn a_ten_megabyte_message_is_refused_without_harm() {
     let _ = ws.send(Message::Binary(huge.into())).await;
     assert!(closed_by_gateway(&mut ws, 10 * SECOND).await);
     still_serves(&gw, &k).await;
+    gw.assert_requests_audited(1);
 }
 
 #[tokio::test]
@@ -410,6 +419,7 @@ async fn five_hundred_idle_connections_do_not_block_a_real_client() {
         "a real client waited {:?}",
         started.elapsed()
     );
+    gw.assert_requests_audited(1);
     drop(idle);
 }
 
@@ -445,6 +455,7 @@ async fn health_and_other_paths() {
             .await
             .starts_with("HTTP/1.1 400")
     );
+    gw.assert_requests_audited(0);
 }
 
 /// A normal client still gets in and is served.
@@ -509,4 +520,5 @@ async fn sessions_per_principal_and_connections_are_capped() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(served, "permits were not released");
+    gw.assert_requests_audited(0);
 }

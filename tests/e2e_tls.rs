@@ -72,5 +72,6 @@ async fn wss_with_the_right_ca_works_and_everything_else_is_refused() {
         matches!(err, ClientError::Upgrade(_) | ClientError::Timeout),
         "{err}"
     );
+    gw.assert_requests_audited(1);
     let _ = std::fs::remove_dir_all(certs);
 }

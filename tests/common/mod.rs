@@ -265,6 +265,42 @@ impl Gateway {
             .unwrap()
     }
 
+    /// The audit invariant over the whole log: `answered` requests (the
+    /// responses the test's clients received) left exactly `answered`
+    /// completing entries, each with its status and completion time, and
+    /// every start entry of a long-running request has its completion.
+    pub fn assert_requests_audited(&self, answered: usize) {
+        use portcullis_store::Kind;
+        let entries = self.audit_entries();
+        let completed: Vec<_> = entries
+            .iter()
+            .filter(|e| e.record.kind == Kind::Request)
+            .collect();
+        for entry in &completed {
+            assert!(
+                entry.record.status.is_some() && entry.record.completed_at.is_some(),
+                "a completing entry without status or completion time: {entry:?}"
+            );
+        }
+        for start in entries
+            .iter()
+            .filter(|e| e.record.kind == Kind::RequestStart)
+        {
+            assert!(
+                completed.iter().any(|e| e.seq > start.seq
+                    && e.record.connection == start.record.connection
+                    && e.record.request_id == start.record.request_id),
+                "request {:?} started but never completed",
+                start.record.request_id
+            );
+        }
+        assert_eq!(
+            completed.len(),
+            answered,
+            "completing request entries in the log: {completed:#?}"
+        );
+    }
+
     /// Every audit entry, newest first, read with `portcullis audit list`
     /// (through the admin socket while the gateway runs, else the store).
     pub fn audit_entries(&self) -> Vec<portcullis_store::Entry> {
