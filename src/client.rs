@@ -333,6 +333,7 @@ impl Client {
             client: self,
             response,
             stream,
+            early: None,
         })
     }
 
@@ -396,6 +397,7 @@ pub struct RequestHandle<'c> {
     client: &'c Client,
     response: oneshot::Receiver<Response>,
     stream: mpsc::Receiver<StreamItem>,
+    early: Option<Response>,
 }
 
 impl RequestHandle<'_> {
@@ -414,10 +416,27 @@ impl RequestHandle<'_> {
             .await
     }
 
-    /// Waits for the terminal response.
+    /// Whether the terminal response has arrived (it is kept for
+    /// [`response`](Self::response)).
+    pub fn finished(&mut self) -> bool {
+        if self.early.is_none()
+            && let Ok(response) = self.response.try_recv()
+        {
+            self.early = Some(response);
+        }
+        self.early.is_some()
+    }
+
+    /// Waits for the terminal response. Stream items not yet read are
+    /// discarded (and no longer held up).
     pub async fn response(self) -> Result<Value, ClientError> {
         let disconnected = || self.client.disconnected();
-        match self.response.await {
+        drop(self.stream);
+        let response = match self.early {
+            Some(response) => Ok(response),
+            None => self.response.await,
+        };
+        match response {
             Ok(Response {
                 result: Some(result),
                 ..

@@ -229,6 +229,13 @@ impl From<RequestId> for String {
     }
 }
 
+// Lets maps keyed by id be searched with the id of a chunk header.
+impl std::borrow::Borrow<str> for RequestId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl std::fmt::Display for RequestId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)

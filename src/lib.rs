@@ -10,7 +10,9 @@
 pub mod channel;
 pub mod client;
 pub mod client_config;
+pub mod client_files;
 pub mod config;
+pub mod files;
 pub mod frame;
 pub mod keyfile;
 pub mod record;

@@ -132,12 +132,21 @@ async fn every_request_ends_in_exactly_one_entry() {
             .all(|e| e.record.status == Some(Status::Succeeded)
                 && e.record.method.as_deref() == Some("resource.list"))
     );
-    // No provider serves files yet: answered unknown_method, with what was asked.
+    // A write to a read-only root: blocked, with the rule and what was asked.
     let write = requests
         .iter()
         .find(|e| e.record.method.as_deref() == Some("file.write"))
         .unwrap();
-    assert_eq!(write.record.error_code.as_deref(), Some("unknown_method"));
+    assert_eq!(
+        write.record.error_code.as_deref(),
+        Some("permission_denied")
+    );
+    assert_eq!(write.record.decision, Some(Decision::Blocked));
+    assert!(
+        write.record.rule.as_deref().unwrap().contains("read-only"),
+        "{:?}",
+        write.record.rule
+    );
     assert_eq!(
         (write.record.root.as_deref(), write.record.path.as_deref()),
         (Some("main"), Some("a"))

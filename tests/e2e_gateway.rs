@@ -221,8 +221,8 @@ async fn request_rules_before_and_after_relay_accepted() {
                 .request("file.read", json!({"root_id": "main", "path": "a"}))
                 .await
         ),
-        ErrorCode::UnknownMethod,
-        "granted, but no provider serves files yet"
+        ErrorCode::NotFound,
+        "granted and served; there is no such file"
     );
     assert_eq!(
         remote_code(

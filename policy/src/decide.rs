@@ -211,6 +211,11 @@ pub struct FileTerms {
     /// directory handle, never by string concatenation.
     pub path: String,
     pub mode: Mode,
+    /// The root's directory on the host (the operator's word, trusted) and
+    /// what clients call it. Neither is ever sent to a client or audited.
+    pub host_root: std::path::PathBuf,
+    pub virtual_root: String,
+    pub follow_symlinks: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -481,6 +486,9 @@ fn file_terms<'g>(
             root: root_id.to_string(),
             path: relative.as_str().to_string(),
             mode,
+            host_root: root.host_path.clone(),
+            virtual_root: root.virtual_path.clone(),
+            follow_symlinks: root.follow_symlinks,
         },
         grant,
         rule,

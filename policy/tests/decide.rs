@@ -181,7 +181,10 @@ fileops = { main = "rw", logs = "ro" }
         Terms::File(FileTerms {
             root: "main".into(),
             path: "README.md".into(),
-            mode: Mode::Rw
+            mode: Mode::Rw,
+            host_root: "/srv/main".into(),
+            virtual_root: "/workspace/main".into(),
+            follow_symlinks: false,
         })
     );
     assert_eq!(d.grant.as_deref(), Some("dev"));

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use portcullis_policy::Terms;
@@ -45,6 +47,38 @@ pub struct Call {
     /// Cancelled by a `cancel` frame, revocation or shutdown.
     pub cancel: CancellationToken,
     pub stream: StreamSink,
+    /// The request's binary input (chunks on the channel its provider's
+    /// `input_channel` named), when it takes any. An empty chunk ends it;
+    /// `None` from the receiver means the input was abandoned (cancel,
+    /// session end).
+    pub input: Option<mpsc::Receiver<Bytes>>,
+    /// Bytes in and out, for the audit entry.
+    pub usage: Arc<Usage>,
+}
+
+/// Data a request moved, counted as it moves.
+#[derive(Debug, Default)]
+pub struct Usage {
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+}
+
+impl Usage {
+    pub fn add_in(&self, n: usize) {
+        self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub fn add_out(&self, n: usize) {
+        self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// (bytes in, bytes out)
+    pub fn totals(&self) -> (u64, u64) {
+        (
+            self.bytes_in.load(Ordering::Relaxed),
+            self.bytes_out.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// Streams progress of one request before its terminal response.
@@ -52,11 +86,16 @@ pub struct Call {
 pub struct StreamSink {
     id: RequestId,
     outbox: Outbox,
+    usage: Arc<Usage>,
 }
 
 impl StreamSink {
-    pub fn new(id: RequestId, outbox: Outbox) -> Self {
-        Self { id, outbox }
+    pub fn new(id: RequestId, outbox: Outbox, usage: Arc<Usage>) -> Self {
+        Self { id, outbox, usage }
+    }
+
+    pub fn id(&self) -> &RequestId {
+        &self.id
     }
 
     /// Sends a `stream` frame; waits while the peer is slow. Fails only
@@ -75,10 +114,20 @@ impl StreamSink {
 
     /// Sends a binary chunk (split to fit records by the writer's caller).
     pub async fn chunk(&self, channel: Channel, data: Bytes) -> Result<(), SessionGone> {
+        self.usage.add_out(data.len());
         let id = self.id.clone();
         self.outbox
             .send(Outbound::Chunk { id, channel, data })
             .await
+            .map_err(|_| SessionGone)
+    }
+
+    /// [`chunk`](Self::chunk) from a blocking thread (a file transfer).
+    pub fn chunk_blocking(&self, channel: Channel, data: Bytes) -> Result<(), SessionGone> {
+        self.usage.add_out(data.len());
+        let id = self.id.clone();
+        self.outbox
+            .blocking_send(Outbound::Chunk { id, channel, data })
             .map_err(|_| SessionGone)
     }
 }
@@ -91,6 +140,16 @@ pub type Reply = Pin<Box<dyn Future<Output = Result<Value, ErrorBody>> + Send>>;
 pub trait Provider: Send + Sync + 'static {
     /// The methods this provider serves.
     fn methods(&self) -> &'static [&'static str];
+    /// The chunk channel on which `request` takes binary input, if it does.
+    fn input_channel(&self, _request: &Request) -> Option<Channel> {
+        None
+    }
+    /// How long a cancelled call may take to clean up (remove a partial
+    /// upload, kill a process) and answer before it is dropped. Providers
+    /// that watch `Call::cancel` set this; others are dropped at once.
+    fn cancel_grace(&self) -> Duration {
+        Duration::ZERO
+    }
     fn call(&self, call: Call) -> Reply;
 }
 
@@ -103,6 +162,7 @@ impl Dispatcher {
     pub fn new() -> Self {
         let mut dispatcher = Self::default();
         dispatcher.register(Arc::new(Resources));
+        dispatcher.register(Arc::new(crate::files::Files));
         dispatcher
     }
 
@@ -116,6 +176,12 @@ impl Dispatcher {
         self.providers.contains_key(method)
     }
 
+    pub fn input_channel(&self, request: &Request) -> Option<Channel> {
+        self.providers
+            .get(request.method.as_str())?
+            .input_channel(request)
+    }
+
     /// Runs the call until it answers or is cancelled. Dropping the
     /// provider's future on cancel stops its work; providers that own
     /// processes also watch `call.cancel` to kill them.
@@ -127,9 +193,17 @@ impl Dispatcher {
             ));
         };
         let cancel = call.cancel.clone();
+        let grace = provider.cancel_grace();
+        let mut reply = provider.call(call);
+        let cancelled = || ErrorBody::new(ErrorCode::Cancelled, "the request was cancelled");
         tokio::select! {
-            reply = provider.call(call) => reply,
-            () = cancel.cancelled() => Err(ErrorBody::new(ErrorCode::Cancelled, "the request was cancelled")),
+            reply = &mut reply => reply,
+            // A provider that finishes within the grace says what happened
+            // (it may have completed just before the cancel arrived).
+            () = cancel.cancelled() => match tokio::time::timeout(grace, reply).await {
+                Ok(reply) => reply,
+                Err(_) => Err(cancelled()),
+            },
         }
     }
 }

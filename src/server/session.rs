@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use portcullis_policy::{
     Capability, Denial, Policy, Summary, Target, Terms, Verdict, decide, principal_by_key,
     principal_by_token, principal_status, summary,
@@ -37,8 +38,8 @@ use crate::frame::{
     self, ErrorBody, ErrorCode, Event, Frame, Heartbeat, Hello, PROTOCOL, Request, RequestId,
     Response,
 };
-use crate::record::{self, Record, RecordError};
-use crate::server::dispatch::{Call, Outbound, Outbox, StreamSink};
+use crate::record::{self, Channel, Record, RecordError};
+use crate::server::dispatch::{Call, Outbound, Outbox, StreamSink, Usage};
 use crate::server::query::query_for;
 use crate::server::state::{Gateway, SessionInfo};
 
@@ -126,6 +127,7 @@ where
         info: guard.info.clone(),
         outbox: outbox.clone(),
         in_flight: HashMap::new(),
+        inputs: HashMap::new(),
         accepted: None,
         granted,
         end_reason: Arc::new(OnceLock::new()),
@@ -221,6 +223,8 @@ struct Session {
     info: SessionInfo,
     outbox: Outbox,
     in_flight: HashMap<RequestId, CancellationToken>,
+    /// Requests in flight that take binary input: where their chunks go.
+    inputs: HashMap<RequestId, InputRoute>,
     /// Capabilities named in `relay.accepted`; `None` until it arrives.
     accepted: Option<BTreeSet<String>>,
     granted: Summary,
@@ -228,6 +232,17 @@ struct Session {
     /// answer cancelled requests get instead of `cancelled`.
     end_reason: Arc<OnceLock<ErrorBody>>,
 }
+
+/// Where the chunks of one request's input go.
+struct InputRoute {
+    channel: Channel,
+    tx: mpsc::Sender<Bytes>,
+    usage: Arc<Usage>,
+}
+
+/// Chunks of one request's input queued before the session stops reading
+/// (TCP then pushes back on the sender): 16 × 64 KiB.
+const INPUT_QUEUE: usize = 16;
 
 /// Why the main loop stops reading requests.
 enum Ending {
@@ -289,6 +304,7 @@ impl Session {
                 }
                 Some(id) = done_rx.recv() => {
                     self.in_flight.remove(&id);
+                    self.inputs.remove(&id);
                     self.info.in_flight.fetch_sub(1, Ordering::Relaxed);
                 }
                 received = timeout(limits.idle_timeout, reader.recv()) => match received {
@@ -349,6 +365,7 @@ impl Session {
         for token in self.in_flight.values() {
             token.cancel();
         }
+        self.inputs.clear();
         Ending::Close {
             policy,
             reason: message.to_string(),
@@ -389,20 +406,15 @@ impl Session {
                 if let Some(token) = self.in_flight.get(&cancel.id) {
                     token.cancel();
                 }
+                // The provider sees its input end (`None`) and cleans up.
+                self.inputs.remove(&cancel.id);
             }
             Ok(Record::Frame(Frame::Ping(beat))) => self.send(Frame::Pong(beat)).await,
             Ok(Record::Frame(Frame::Event(event))) if event.event == "relay.accepted" => {
                 self.accept(&event.payload).await
             }
             Ok(Record::Frame(other)) => debug!(session = self.info.id, "ignored frame: {other:?}"),
-            Ok(Record::Chunk(chunk)) => {
-                let message = format!("no request `{}` takes binary input", chunk.request_id);
-                self.event(
-                    "relay.error",
-                    json!({"code": "invalid_request", "message": message}),
-                )
-                .await;
-            }
+            Ok(Record::Chunk(chunk)) => self.route_chunk(chunk).await,
             Err(e) => {
                 let json = plaintext.get(1..).unwrap_or_default();
                 let salvaged =
@@ -430,6 +442,34 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Hands a chunk to the request whose input it is. Waiting here while
+    /// that request's queue is full is the back-pressure on the uploader.
+    async fn route_chunk(&mut self, chunk: record::Chunk<'_>) {
+        let problem = match self.inputs.get(chunk.request_id) {
+            None => format!("no request `{}` takes binary input", chunk.request_id),
+            Some(route) if route.channel != chunk.channel => format!(
+                "request `{}` takes input on channel {}, not {}",
+                chunk.request_id, route.channel as u8, chunk.channel as u8
+            ),
+            Some(route) => {
+                route.usage.add_in(chunk.data.len());
+                let end = chunk.data.is_empty();
+                // A closed queue means the request already ended; its
+                // response says how.
+                let _ = route.tx.send(Bytes::copy_from_slice(chunk.data)).await;
+                if end {
+                    self.inputs.remove(chunk.request_id);
+                }
+                return;
+            }
+        };
+        self.event(
+            "relay.error",
+            json!({"code": "invalid_request", "message": problem}),
+        )
+        .await;
     }
 
     async fn accept(&mut self, payload: &Value) {
@@ -632,12 +672,29 @@ impl Session {
         let cancel = CancellationToken::new();
         self.in_flight.insert(id.clone(), cancel.clone());
         self.info.in_flight.fetch_add(1, Ordering::Relaxed);
+        let usage = Arc::new(Usage::default());
+        let input = self
+            .gateway
+            .dispatcher
+            .input_channel(&request)
+            .map(|channel| {
+                let (tx, rx) = mpsc::channel(INPUT_QUEUE);
+                let route = InputRoute {
+                    channel,
+                    tx,
+                    usage: usage.clone(),
+                };
+                self.inputs.insert(id.clone(), route);
+                rx
+            });
         let call = Call {
             principal: self.principal.clone(),
-            stream: StreamSink::new(id.clone(), self.outbox.clone()),
+            stream: StreamSink::new(id.clone(), self.outbox.clone(), usage.clone()),
             request,
             terms,
             cancel,
+            input,
+            usage: usage.clone(),
         };
         let (gateway, outbox, done, end_reason) = (
             self.gateway.clone(),
@@ -654,6 +711,7 @@ impl Session {
                 Err(error) => Response::err(id.clone(), error),
             };
             record.completed_at = Some(jiff::Timestamp::now().to_string());
+            (record.bytes_in, record.bytes_out) = usage.totals();
             (record.status, record.error_code) = match &response.error {
                 None => (Some(Status::Succeeded), None),
                 Some(e) if e.code == ErrorCode::Cancelled => {

@@ -45,7 +45,9 @@ impl Gateway {
         let gateway_key = keyfile::generate(&dir.join("gateway.key"), false).unwrap();
         std::fs::write(
             dir.join("policy.toml"),
-            policy.replace("WORKSPACE", &dir.join("workspace").display().to_string()),
+            policy
+                .replace("WORKSPACE", &dir.join("workspace").display().to_string())
+                .replace("GWDIR", &dir.display().to_string()),
         )
         .unwrap();
         let config = format!(
@@ -114,10 +116,12 @@ impl Gateway {
     pub fn write_policy(&self, policy: &str) {
         std::fs::write(
             self.dir.join("policy.toml"),
-            policy.replace(
-                "WORKSPACE",
-                &self.dir.join("workspace").display().to_string(),
-            ),
+            policy
+                .replace(
+                    "WORKSPACE",
+                    &self.dir.join("workspace").display().to_string(),
+                )
+                .replace("GWDIR", &self.dir.display().to_string()),
         )
         .unwrap();
     }

@@ -1,0 +1,227 @@
+//! Confinement: every path is resolved by the kernel beneath a directory
+//! handle of its root, with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`
+//! and, unless the root allows symlinks, `RESOLVE_NO_SYMLINKS`. The kernel
+//! refuses `..` above the handle, absolute symlinks and any symlink leading
+//! out, atomically, so a symlink swapped in during an operation cannot
+//! redirect it. Operations on a name (create, remove, rename) first open
+//! its parent directory this way, then act on one component with the `*at`
+//! calls, which never follow a final symlink.
+//!
+//! The policy has already normalised the path (no `..`, no absolute part);
+//! this is the second, independent line. Errors carry virtual paths only.
+
+use std::os::fd::OwnedFd;
+
+use portcullis_policy::FileTerms;
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+use crate::frame::{ErrorBody, ErrorCode};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileError {
+    NotFound(String),
+    /// The path leaves the root, or crosses a symlink the root forbids.
+    Escapes(String),
+    Denied(String),
+    /// The request does not fit the file (exists, is a directory, …).
+    Invalid(String),
+    Io(String),
+    Cancelled,
+}
+
+impl FileError {
+    pub fn into_body(self) -> ErrorBody {
+        match self {
+            Self::NotFound(m) => ErrorBody::new(ErrorCode::NotFound, m),
+            Self::Escapes(m) | Self::Denied(m) => ErrorBody::new(ErrorCode::PermissionDenied, m),
+            Self::Invalid(m) => ErrorBody::new(ErrorCode::InvalidRequest, m),
+            Self::Io(m) => ErrorBody::new(ErrorCode::ProviderError, m),
+            Self::Cancelled => ErrorBody::new(ErrorCode::Cancelled, "the request was cancelled"),
+        }
+    }
+
+    /// Names an OS error for `vpath` (a virtual path) without host details.
+    pub fn from_errno(e: Errno, vpath: &str) -> Self {
+        match e {
+            Errno::NOENT => Self::NotFound(format!("{vpath}: no such file or directory")),
+            Errno::XDEV | Errno::LOOP => Self::Escapes(format!(
+                "{vpath}: the path leaves its root or goes through a symlink the root does not allow"
+            )),
+            Errno::ACCESS | Errno::PERM | Errno::ROFS => {
+                Self::Denied(format!("{vpath}: permission denied"))
+            }
+            Errno::EXIST => Self::Invalid(format!("{vpath}: already exists")),
+            Errno::NOTDIR => Self::Invalid(format!("{vpath}: a component is not a directory")),
+            Errno::ISDIR => Self::Invalid(format!("{vpath}: is a directory")),
+            Errno::NOTEMPTY => Self::Invalid(format!(
+                "{vpath}: the directory is not empty (pass recursive: true)"
+            )),
+            Errno::NAMETOOLONG => Self::Invalid(format!("{vpath}: name too long")),
+            Errno::NOSPC | Errno::DQUOT => {
+                Self::Io(format!("{vpath}: no space left on the device"))
+            }
+            other => Self::Io(format!("{vpath}: {}", other.kind())),
+        }
+    }
+}
+
+impl From<std::io::Error> for FileError {
+    fn from(e: std::io::Error) -> Self {
+        Self::from_errno(Errno::from_io_error(&e).unwrap_or(Errno::IO), "")
+    }
+}
+
+/// A granted root, opened for one request.
+pub struct Root {
+    dir: OwnedFd,
+    resolve: ResolveFlags,
+    virtual_root: String,
+    id: String,
+}
+
+impl Root {
+    /// Opens the root's directory. The host path is the operator's, so it
+    /// is opened as written; everything below it is confined.
+    pub fn open(terms: &FileTerms) -> Result<Self, FileError> {
+        let dir = rustix::fs::open(
+            &terms.host_root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            FileError::Io(format!(
+                "root `{}` is not available on this host ({})",
+                terms.root,
+                e.kind()
+            ))
+        })?;
+        let mut resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+        if !terms.follow_symlinks {
+            resolve |= ResolveFlags::NO_SYMLINKS;
+        }
+        Ok(Self {
+            dir,
+            resolve,
+            virtual_root: terms.virtual_root.clone(),
+            id: terms.root.clone(),
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// What a client calls `path` (relative to this root).
+    pub fn virtual_path(&self, path: &str) -> String {
+        match path {
+            "" => self.virtual_root.clone(),
+            _ => format!("{}/{path}", self.virtual_root.trim_end_matches('/')),
+        }
+    }
+
+    /// Opens `path` ("" is the root) beneath the root.
+    pub fn open_at(&self, path: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd, FileError> {
+        self.open_beneath(&self.dir, path, flags, mode)
+            .map_err(|e| FileError::from_errno(e, &self.virtual_path(path)))
+    }
+
+    /// Opens `path` beneath `dir`, a directory already inside this root.
+    pub fn open_beneath(
+        &self,
+        dir: &OwnedFd,
+        path: &str,
+        flags: OFlags,
+        mode: Mode,
+    ) -> Result<OwnedFd, Errno> {
+        let path = if path.is_empty() { "." } else { path };
+        loop {
+            match rustix::fs::openat2(dir, path, flags | OFlags::CLOEXEC, mode, self.resolve) {
+                // openat2 may ask for a retry when a rename raced the lookup.
+                Err(Errno::AGAIN) => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// The directory holding `path`, opened for `*at` calls, and the last
+    /// component. The root itself has no parent here.
+    pub fn parent(&self, path: &str) -> Result<(OwnedFd, String), FileError> {
+        let (parent, name) = match path.rsplit_once('/') {
+            Some((parent, name)) => (parent, name),
+            None if path.is_empty() => {
+                return Err(FileError::Invalid(format!(
+                    "{}: the root itself cannot be changed this way",
+                    self.virtual_root
+                )));
+            }
+            None => ("", path),
+        };
+        let dir = self.open_at(parent, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+        Ok((dir, name.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn terms(dir: &std::path::Path, follow: bool) -> FileTerms {
+        FileTerms {
+            root: "main".into(),
+            path: String::new(),
+            mode: portcullis_policy::Mode::Rw,
+            host_root: dir.to_path_buf(),
+            virtual_root: "/workspace/main".into(),
+            follow_symlinks: follow,
+        }
+    }
+
+    #[test]
+    fn the_kernel_keeps_resolution_beneath_the_root() {
+        let base = std::env::temp_dir().join(format!("portcullis-confine-{}", std::process::id()));
+        let root_dir = base.join("root");
+        std::fs::create_dir_all(root_dir.join("sub")).unwrap();
+        std::fs::write(base.join("secret"), "outside").unwrap();
+        std::fs::write(root_dir.join("sub/file"), "inside").unwrap();
+        symlink("../secret", root_dir.join("up")).unwrap();
+        symlink("/etc/passwd", root_dir.join("abs")).unwrap();
+        symlink("sub/file", root_dir.join("in")).unwrap();
+
+        let strict = Root::open(&terms(&root_dir, false)).unwrap();
+        let following = Root::open(&terms(&root_dir, true)).unwrap();
+        let read = OFlags::RDONLY;
+        assert!(strict.open_at("sub/file", read, Mode::empty()).is_ok());
+        for (root, path) in [
+            (&strict, "up"),
+            (&strict, "abs"),
+            (&strict, "in"),
+            (&strict, "../secret"),
+            (&strict, "/etc/passwd"),
+            (&following, "up"),
+            (&following, "abs"),
+            (&following, "../secret"),
+            (&following, "sub/../../secret"),
+        ] {
+            let err = root.open_at(path, read, Mode::empty()).unwrap_err();
+            assert!(matches!(err, FileError::Escapes(_)), "{path}: {err:?}");
+            let body = err.into_body();
+            assert_eq!(body.code, ErrorCode::PermissionDenied);
+            assert!(
+                !body.message.contains(&*base.to_string_lossy()),
+                "{}",
+                body.message
+            );
+        }
+        assert!(following.open_at("in", read, Mode::empty()).is_ok());
+        assert!(matches!(
+            strict.open_at("missing", read, Mode::empty()),
+            Err(FileError::NotFound(_))
+        ));
+        assert_eq!(strict.virtual_path("sub/file"), "/workspace/main/sub/file");
+        assert!(matches!(strict.parent(""), Err(FileError::Invalid(_))));
+        assert_eq!(strict.parent("sub/file").unwrap().1, "file");
+        let _ = std::fs::remove_dir_all(base);
+    }
+}

@@ -1,0 +1,501 @@
+//! The `fileops` capability: `file.*` methods inside granted roots.
+//!
+//! Policy has decided and normalised the path ([`FileTerms`]); this module
+//! parses the method's other params, runs the operation from `ops.rs` on
+//! the blocking pool, confined by `confine.rs`, and moves data: small
+//! contents inline in JSON, large ones as chunks on channel 4 (file data).
+//! docs/PROTOCOL.md §7 is the reference for params and results.
+
+pub mod confine;
+pub mod ops;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use portcullis_policy::{FileTerms, Terms};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::frame::{ErrorBody, ErrorCode, Request};
+use crate::record::{self, Channel};
+use crate::server::dispatch::{Call, Provider, Reply, StreamSink, Usage};
+use confine::{FileError, Root};
+use ops::AtomicFile;
+
+/// Largest inline read, in bytes of file data, before it is fitted to one
+/// response record (JSON escaping can only shrink what fits).
+pub const MAX_INLINE_READ: usize = 48 * 1024;
+/// JSON bytes a response's payload (content, entries) may take: a record
+/// is 65519 bytes, and the id and other fields need room too.
+const RESPONSE_BUDGET: usize = 60_000;
+
+pub struct Files;
+
+const METHODS: &[&str] = &[
+    "file.read",
+    "file.write",
+    "file.append",
+    "file.list",
+    "file.stat",
+    "file.mkdir",
+    "file.delete",
+    "file.move",
+    "file.copy",
+];
+
+impl Provider for Files {
+    fn methods(&self) -> &'static [&'static str] {
+        METHODS
+    }
+
+    fn input_channel(&self, request: &Request) -> Option<Channel> {
+        let streams = request.params.get("stream") == Some(&Value::Bool(true));
+        let writes = matches!(request.method.as_str(), "file.write" | "file.append");
+        (writes && streams).then_some(Channel::FileData)
+    }
+
+    /// Uploads remove their temporary file, reads stop at the next chunk.
+    fn cancel_grace(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(2)
+    }
+
+    fn call(&self, call: Call) -> Reply {
+        Box::pin(serve(call))
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Encoding {
+    #[default]
+    #[serde(alias = "utf-8", alias = "text")]
+    Utf8,
+    #[serde(alias = "bytes")]
+    Base64,
+}
+
+#[derive(Deserialize)]
+struct ReadParams {
+    #[serde(default)]
+    offset: u64,
+    length: Option<u64>,
+    #[serde(default)]
+    encoding: Encoding,
+    #[serde(default)]
+    stream: bool,
+}
+
+#[derive(Deserialize)]
+struct WriteParams {
+    content: Option<String>,
+    #[serde(default)]
+    encoding: Encoding,
+    #[serde(default)]
+    stream: bool,
+    /// With `stream`: the size the upload must have.
+    size: Option<u64>,
+    #[serde(default)]
+    create_parents: bool,
+}
+
+#[derive(Deserialize)]
+struct ListParams {
+    #[serde(default = "one")]
+    depth: usize,
+    #[serde(default)]
+    hidden: bool,
+    #[serde(default)]
+    offset: usize,
+    #[serde(default = "list_limit")]
+    limit: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn list_limit() -> usize {
+    1000
+}
+
+#[derive(Deserialize)]
+struct Flags {
+    #[serde(default)]
+    parents: bool,
+    #[serde(default)]
+    recursive: bool,
+    #[serde(default)]
+    overwrite: bool,
+}
+
+fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorBody> {
+    serde_json::from_value(Value::Object(request.params.clone())).map_err(|e| {
+        ErrorBody::new(
+            ErrorCode::InvalidRequest,
+            format!("{} params: {e}", request.method),
+        )
+    })
+}
+
+async fn serve(call: Call) -> Result<Value, ErrorBody> {
+    let Call {
+        request,
+        terms,
+        cancel,
+        stream,
+        input,
+        usage,
+        ..
+    } = call;
+    match (request.method.as_str(), terms) {
+        ("file.move" | "file.copy", Terms::Transfer { from, to }) => {
+            let flags: Flags = params(&request)?;
+            let copy = request.method == "file.copy";
+            blocking(move || {
+                let (from_root, to_root) = (Root::open(&from)?, Root::open(&to)?);
+                if copy {
+                    ops::copy(
+                        &from_root,
+                        &from.path,
+                        &to_root,
+                        &to.path,
+                        flags.overwrite,
+                        &cancel,
+                    )
+                } else {
+                    ops::rename(&from_root, &from.path, &to_root, &to.path, flags.overwrite)
+                }
+            })
+            .await
+        }
+        (method, Terms::File(file)) => {
+            let path = file.path.clone();
+            match method {
+                "file.stat" => blocking(move || ops::stat(&Root::open(&file)?, &path)).await,
+                "file.list" => {
+                    let p: ListParams = params(&request)?;
+                    let how = ops::Listing {
+                        depth: p.depth.clamp(1, ops::MAX_DEPTH),
+                        hidden: p.hidden,
+                        offset: p.offset,
+                        limit: p.limit.clamp(1, 10_000),
+                        budget: RESPONSE_BUDGET,
+                    };
+                    blocking(move || ops::list(&Root::open(&file)?, &path, &how, &cancel)).await
+                }
+                "file.mkdir" => {
+                    let flags: Flags = params(&request)?;
+                    blocking(move || ops::mkdir(&Root::open(&file)?, &path, flags.parents)).await
+                }
+                "file.delete" => {
+                    let flags: Flags = params(&request)?;
+                    blocking(move || {
+                        ops::delete(&Root::open(&file)?, &path, flags.recursive, &cancel)
+                    })
+                    .await
+                }
+                "file.read" => read(file, params(&request)?, stream, usage, cancel).await,
+                "file.write" | "file.append" => {
+                    let append = method == "file.append";
+                    write(file, params(&request)?, append, input, usage).await
+                }
+                other => Err(unserved(other)),
+            }
+        }
+        (method, _) => Err(unserved(method)),
+    }
+}
+
+fn unserved(method: &str) -> ErrorBody {
+    ErrorBody::new(
+        ErrorCode::ProviderError,
+        format!("`{method}` reached the files provider without file terms"),
+    )
+}
+
+/// Runs a file operation on the blocking pool.
+async fn blocking(
+    op: impl FnOnce() -> Result<Value, FileError> + Send + 'static,
+) -> Result<Value, ErrorBody> {
+    match tokio::task::spawn_blocking(op).await {
+        Ok(result) => result.map_err(FileError::into_body),
+        Err(e) => Err(ErrorBody::new(
+            ErrorCode::ProviderError,
+            format!("the file operation failed: {e}"),
+        )),
+    }
+}
+
+async fn read(
+    file: FileTerms,
+    p: ReadParams,
+    sink: StreamSink,
+    usage: std::sync::Arc<Usage>,
+    cancel: CancellationToken,
+) -> Result<Value, ErrorBody> {
+    blocking(move || {
+        let root = Root::open(&file)?;
+        let (handle, size) = ops::open_read(&root, &file.path)?;
+        let offset = p.offset.min(size);
+        let available = size - offset;
+        let mut result = json!({
+            "path": root.virtual_path(&file.path),
+            "size": size,
+            "offset": offset,
+        });
+        if p.stream {
+            let want = p.length.unwrap_or(available).min(available);
+            let piece = record::chunk_capacity(sink.id()).max(1);
+            let mut hasher = Sha256::new();
+            let mut sent = 0u64;
+            while sent < want {
+                if cancel.is_cancelled() {
+                    return Err(FileError::Cancelled);
+                }
+                let n = piece.min((want - sent) as usize);
+                let data = ops::read_at(&handle, offset + sent, n)?;
+                if data.is_empty() {
+                    break; // the file shrank meanwhile
+                }
+                hasher.update(&data);
+                sent += data.len() as u64;
+                sink.chunk_blocking(Channel::FileData, Bytes::from(data))
+                    .map_err(|_| FileError::Cancelled)?;
+            }
+            result["length"] = json!(sent);
+            result["sha256"] = json!(ops::hex(&hasher.finalize()));
+            result["eof"] = json!(offset + sent >= size);
+            return Ok(result);
+        }
+        let want = p
+            .length
+            .unwrap_or(MAX_INLINE_READ as u64)
+            .min(available)
+            .min(MAX_INLINE_READ as u64) as usize;
+        let data = ops::read_at(&handle, offset, want)?;
+        let (content, used) = fit_inline(&data, p.encoding, offset + (data.len() as u64) >= size)
+            .map_err(|m| {
+            FileError::Invalid(format!("{}: {m}", root.virtual_path(&file.path)))
+        })?;
+        usage.add_out(used);
+        result["content"] = Value::String(content);
+        result["encoding"] = json!(match p.encoding {
+            Encoding::Utf8 => "utf8",
+            Encoding::Base64 => "base64",
+        });
+        result["length"] = json!(used);
+        result["eof"] = json!(offset + used as u64 >= size);
+        Ok(result)
+    })
+    .await
+}
+
+/// The longest prefix of `data` whose encoding fits one response, as
+/// (content, bytes of `data` used). UTF-8 is cut at a character boundary;
+/// bytes that are not UTF-8 are an error that names the way out.
+fn fit_inline(data: &[u8], encoding: Encoding, at_eof: bool) -> Result<(String, usize), String> {
+    match encoding {
+        Encoding::Base64 => {
+            let used = data.len().min(RESPONSE_BUDGET / 4 * 3);
+            let content = base64::engine::general_purpose::STANDARD.encode(&data[..used]);
+            Ok((content, used))
+        }
+        Encoding::Utf8 => {
+            let mut text = match std::str::from_utf8(data) {
+                Ok(text) => text,
+                // Cut in the middle of a character by the length limit.
+                Err(e) if e.error_len().is_none() && !at_eof => {
+                    std::str::from_utf8(&data[..e.valid_up_to()]).unwrap_or_default()
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "not UTF-8 text (byte {}); read it with encoding base64",
+                        e.valid_up_to()
+                    ));
+                }
+            };
+            loop {
+                let encoded = serde_json::to_string(text).unwrap_or_default().len();
+                if encoded <= RESPONSE_BUDGET {
+                    return Ok((text.to_string(), text.len()));
+                }
+                // Escapes made it too long: keep the part that fits.
+                let mut cut = text.len() * RESPONSE_BUDGET / encoded;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text = &text[..cut];
+            }
+        }
+    }
+}
+
+async fn write(
+    file: FileTerms,
+    p: WriteParams,
+    append: bool,
+    input: Option<mpsc::Receiver<Bytes>>,
+    usage: std::sync::Arc<Usage>,
+) -> Result<Value, ErrorBody> {
+    let inline = match (&p.content, p.stream) {
+        (Some(content), false) => Some(match p.encoding {
+            Encoding::Utf8 => content.clone().into_bytes(),
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(content)
+                .map_err(|e| ErrorBody::new(ErrorCode::InvalidRequest, format!("content: {e}")))?,
+        }),
+        (None, true) => None,
+        (Some(_), true) => {
+            return Err(ErrorBody::new(
+                ErrorCode::InvalidRequest,
+                "give either `content` or `stream: true`, not both",
+            ));
+        }
+        (None, false) => {
+            return Err(ErrorBody::new(
+                ErrorCode::InvalidRequest,
+                "`content` is required (or `stream: true` and the data as chunks on channel 4)",
+            ));
+        }
+    };
+    if let Some(data) = &inline {
+        usage.add_in(data.len());
+    }
+    let mut input = input;
+    blocking(move || {
+        let root = Root::open(&file)?;
+        let vpath = root.virtual_path(&file.path);
+        let mut sink: Box<dyn Sink> = if append {
+            Box::new(Appender::open(&root, &file.path)?)
+        } else {
+            Box::new(AtomicFile::create(&root, &file.path, p.create_parents)?)
+        };
+        match inline {
+            Some(data) => sink.put(&data)?,
+            None => {
+                let Some(input) = input.as_mut() else {
+                    return Err(FileError::Io("the upload has no input".into()));
+                };
+                loop {
+                    // `None`: cancelled or the session ended; dropping the
+                    // sink removes the partial file.
+                    let chunk = input.blocking_recv().ok_or(FileError::Cancelled)?;
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    if p.size
+                        .is_some_and(|size| sink.size() + chunk.len() as u64 > size)
+                    {
+                        return Err(too_long(&vpath, p.size));
+                    }
+                    sink.put(&chunk)?;
+                }
+                if let Some(size) = p.size
+                    && sink.size() != size
+                {
+                    return Err(FileError::Invalid(format!(
+                        "{vpath}: {} bytes arrived, `size` said {size}; nothing was written",
+                        sink.size()
+                    )));
+                }
+            }
+        }
+        sink.finish()
+    })
+    .await
+}
+
+fn too_long(vpath: &str, size: Option<u64>) -> FileError {
+    FileError::Invalid(format!(
+        "{vpath}: more data than `size` ({}) said; nothing was written",
+        size.unwrap_or(0)
+    ))
+}
+
+/// Where a write's bytes go: an atomic replacement or an append.
+trait Sink {
+    fn put(&mut self, data: &[u8]) -> Result<(), FileError>;
+    fn size(&self) -> u64;
+    fn finish(self: Box<Self>) -> Result<Value, FileError>;
+}
+
+impl Sink for AtomicFile {
+    fn put(&mut self, data: &[u8]) -> Result<(), FileError> {
+        self.write(data)
+    }
+
+    fn size(&self) -> u64 {
+        AtomicFile::size(self)
+    }
+
+    fn finish(self: Box<Self>) -> Result<Value, FileError> {
+        self.commit()
+    }
+}
+
+struct Appender {
+    file: std::fs::File,
+    vpath: String,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl Appender {
+    fn open(root: &Root, path: &str) -> Result<Self, FileError> {
+        Ok(Self {
+            file: ops::open_append(root, path)?,
+            vpath: root.virtual_path(path),
+            hasher: Sha256::new(),
+            size: 0,
+        })
+    }
+}
+
+impl Sink for Appender {
+    fn put(&mut self, data: &[u8]) -> Result<(), FileError> {
+        use std::io::Write as _;
+        self.file.write_all(data)?;
+        self.hasher.update(data);
+        self.size += data.len() as u64;
+        Ok(())
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn finish(self: Box<Self>) -> Result<Value, FileError> {
+        self.file.sync_data()?;
+        let sha256 = ops::hex(&self.hasher.finalize());
+        Ok(json!({ "path": self.vpath, "appended": self.size, "sha256": sha256 }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_text_fits_one_record_and_cuts_at_characters() {
+        let text = "é".repeat(40_000); // 80,000 bytes
+        let (content, used) = fit_inline(text.as_bytes(), Encoding::Utf8, false).unwrap();
+        assert!(serde_json::to_string(&content).unwrap().len() <= RESPONSE_BUDGET);
+        assert_eq!(used, content.len());
+        assert!(used % 2 == 0, "never half a character");
+        // Escapes take six bytes each: fewer characters fit.
+        let controls = vec![1u8; 30_000];
+        let (content, used) = fit_inline(&controls, Encoding::Utf8, false).unwrap();
+        assert!(serde_json::to_string(&content).unwrap().len() <= RESPONSE_BUDGET);
+        assert!(used < 30_000 && used > 9_000, "{used}");
+        // A character cut by the length limit is left for the next read.
+        let (_, used) = fit_inline(&"aé".as_bytes()[..2], Encoding::Utf8, false).unwrap();
+        assert_eq!(used, 1);
+        assert!(fit_inline(&[0xff, 0x41], Encoding::Utf8, false).is_err());
+        assert!(fit_inline(&"aé".as_bytes()[..2], Encoding::Utf8, true).is_err());
+        let (content, used) = fit_inline(&[0xff; 100_000], Encoding::Base64, false).unwrap();
+        assert!(content.len() <= RESPONSE_BUDGET);
+        assert_eq!(used, RESPONSE_BUDGET / 4 * 3);
+    }
+}

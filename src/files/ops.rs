@@ -1,0 +1,524 @@
+//! The file operations themselves: blocking, confined by [`Root`], and
+//! answering in virtual paths. The provider (`mod.rs`) runs them on the
+//! blocking pool and moves their data over the wire.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt as _;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat};
+use rustix::io::Errno;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use super::confine::{FileError, Root};
+
+/// Deepest directory nesting `list` and recursive `delete` walk into.
+pub const MAX_DEPTH: usize = 64;
+
+pub fn kind_name(stat: &Stat) -> &'static str {
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::RegularFile => "file",
+        FileType::Directory => "dir",
+        FileType::Symlink => "symlink",
+        _ => "other",
+    }
+}
+
+fn mtime(stat: &Stat) -> String {
+    jiff::Timestamp::new(stat.st_mtime, stat.st_mtime_nsec as i32)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+fn describe(root: &Root, path: &str, stat: &Stat) -> Value {
+    json!({
+        "path": root.virtual_path(path),
+        "kind": kind_name(stat),
+        "size": stat.st_size,
+        "mode": format!("{:04o}", stat.st_mode & 0o7777),
+        "mtime": mtime(stat),
+    })
+}
+
+/// `file.stat`: the entry itself (a symlink is described, not followed).
+pub fn stat(root: &Root, path: &str) -> Result<Value, FileError> {
+    let fd = root.open_at(path, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())?;
+    let stat =
+        rustix::fs::fstat(&fd).map_err(|e| FileError::from_errno(e, &root.virtual_path(path)))?;
+    Ok(describe(root, path, &stat))
+}
+
+/// Opens a regular file for reading. A file with more than one hard link
+/// is refused: another link may live outside the root, and reading through
+/// this one would disclose it.
+pub fn open_read(root: &Root, path: &str) -> Result<(File, u64), FileError> {
+    let vpath = root.virtual_path(path);
+    // O_NONBLOCK: opening a FIFO must not wait for a writer.
+    let fd = root.open_at(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+        Mode::empty(),
+    )?;
+    let stat = rustix::fs::fstat(&fd).map_err(|e| FileError::from_errno(e, &vpath))?;
+    regular_single_link(&stat, &vpath)?;
+    Ok((File::from(fd), stat.st_size as u64))
+}
+
+fn regular_single_link(stat: &Stat, vpath: &str) -> Result<(), FileError> {
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Directory => return Err(FileError::Invalid(format!("{vpath}: is a directory"))),
+        _ => return Err(FileError::Denied(format!("{vpath}: not a regular file"))),
+    }
+    if stat.st_nlink > 1 {
+        return Err(FileError::Denied(format!(
+            "{vpath}: the file has {} hard links, and one may lead outside the root",
+            stat.st_nlink
+        )));
+    }
+    Ok(())
+}
+
+/// Reads up to `want` bytes at `offset`, stopping short at end of file.
+pub fn read_at(file: &File, offset: u64, want: usize) -> Result<Vec<u8>, FileError> {
+    let mut buf = vec![0; want];
+    let mut filled = 0;
+    while filled < want {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
+}
+
+/// `file.list`: entries sorted by name, depth first, in pages.
+pub struct Listing {
+    pub depth: usize,
+    pub hidden: bool,
+    pub offset: usize,
+    pub limit: usize,
+    /// Bytes of JSON the entries may take (one response record).
+    pub budget: usize,
+}
+
+pub fn list(
+    root: &Root,
+    path: &str,
+    how: &Listing,
+    cancel: &CancellationToken,
+) -> Result<Value, FileError> {
+    let vpath = root.virtual_path(path);
+    let dir = root.open_at(path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+    let mut walk = Walk {
+        root,
+        how,
+        cancel,
+        index: 0,
+        used: 0,
+        entries: Vec::new(),
+        truncated: false,
+    };
+    walk.dir(&dir, path, 1)
+        .map_err(|e| FileError::from_errno(e, &vpath))?;
+    if cancel.is_cancelled() {
+        return Err(FileError::Cancelled);
+    }
+    let next = walk.truncated.then_some(walk.index);
+    Ok(json!({
+        "path": vpath,
+        "entries": walk.entries,
+        "truncated": walk.truncated,
+        "next_offset": next,
+    }))
+}
+
+struct Walk<'a> {
+    root: &'a Root,
+    how: &'a Listing,
+    cancel: &'a CancellationToken,
+    /// Entries seen so far, in listing order (for `offset`).
+    index: usize,
+    used: usize,
+    entries: Vec<Value>,
+    truncated: bool,
+}
+
+impl Walk<'_> {
+    fn dir(&mut self, dir: &OwnedFd, rel: &str, depth: usize) -> Result<(), Errno> {
+        let mut names: Vec<String> = Vec::new();
+        for entry in rustix::fs::Dir::read_from(dir)? {
+            let entry = entry?;
+            let Ok(name) = entry.file_name().to_str() else {
+                continue; // not addressable as a virtual path
+            };
+            if name == "." || name == ".." || (!self.how.hidden && name.starts_with('.')) {
+                continue;
+            }
+            names.push(name.to_string());
+        }
+        names.sort_unstable();
+        for name in names {
+            if self.truncated || self.cancel.is_cancelled() {
+                return Ok(());
+            }
+            let Ok(stat) = rustix::fs::statat(dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) else {
+                continue; // removed meanwhile
+            };
+            let child = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            if self.index >= self.how.offset {
+                let mut value = describe(self.root, &child, &stat);
+                value["name"] = Value::String(name.clone());
+                let size = value.to_string().len() + 1;
+                if self.entries.len() >= self.how.limit || self.used + size > self.how.budget {
+                    self.truncated = true;
+                    return Ok(());
+                }
+                self.used += size;
+                self.entries.push(value);
+            }
+            self.index += 1;
+            let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
+            if is_dir && depth < self.how.depth.min(MAX_DEPTH) {
+                // Never descend through a symlink, whatever the root allows.
+                let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+                if let Ok(sub) = self.root.open_beneath(dir, &name, flags, Mode::empty()) {
+                    self.dir(&sub, &child, depth + 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `file.mkdir`; with `parents`, missing parents too and no error if it exists.
+pub fn mkdir(root: &Root, path: &str, parents: bool) -> Result<Value, FileError> {
+    let vpath = root.virtual_path(path);
+    let errno = |e| FileError::from_errno(e, &vpath);
+    if !parents {
+        let (dir, name) = root.parent(path)?;
+        rustix::fs::mkdirat(&dir, name.as_str(), Mode::from_raw_mode(0o755)).map_err(errno)?;
+        return Ok(json!({ "path": vpath, "created": true }));
+    }
+    let mut dir = root.open_at("", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+    let mut created = false;
+    for name in path.split('/').filter(|c| !c.is_empty()) {
+        match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) => created = true,
+            Err(Errno::EXIST) => {}
+            Err(e) => return Err(errno(e)),
+        }
+        dir = root
+            .open_beneath(
+                &dir,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY,
+                Mode::empty(),
+            )
+            .map_err(errno)?;
+    }
+    Ok(json!({ "path": vpath, "created": created }))
+}
+
+/// `file.delete`: a file, a symlink (never its target), an empty
+/// directory, or with `recursive` a whole tree. Returns how many entries
+/// went.
+pub fn delete(
+    root: &Root,
+    path: &str,
+    recursive: bool,
+    cancel: &CancellationToken,
+) -> Result<Value, FileError> {
+    let vpath = root.virtual_path(path);
+    let (dir, name) = root.parent(path)?;
+    let stat = rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| FileError::from_errno(e, &vpath))?;
+    let removed = if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
+        if recursive {
+            remove_tree(root, &dir, &name, 0, cancel)
+                .map_err(|e| FileError::from_errno(e, &vpath))?
+        } else {
+            rustix::fs::unlinkat(&dir, name.as_str(), AtFlags::REMOVEDIR)
+                .map_err(|e| FileError::from_errno(e, &vpath))?;
+            1
+        }
+    } else {
+        rustix::fs::unlinkat(&dir, name.as_str(), AtFlags::empty())
+            .map_err(|e| FileError::from_errno(e, &vpath))?;
+        1
+    };
+    Ok(json!({ "path": vpath, "removed": removed }))
+}
+
+fn remove_tree(
+    root: &Root,
+    parent: &OwnedFd,
+    name: &str,
+    depth: usize,
+    cancel: &CancellationToken,
+) -> Result<u64, Errno> {
+    if depth > MAX_DEPTH || cancel.is_cancelled() {
+        return Err(Errno::CANCELED);
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+    let dir = match root.open_beneath(parent, name, flags, Mode::empty()) {
+        // Not a directory (any more): remove the name itself.
+        Err(Errno::NOTDIR | Errno::LOOP) => {
+            rustix::fs::unlinkat(parent, name, AtFlags::empty())?;
+            return Ok(1);
+        }
+        other => other?,
+    };
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&dir)? {
+        let entry = entry?;
+        let bytes = entry.file_name().to_bytes();
+        if bytes != b"." && bytes != b".." {
+            names.push(entry.file_name().to_owned());
+        }
+    }
+    let mut removed = 0;
+    for child in names {
+        let is_dir = rustix::fs::statat(&dir, child.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::Directory);
+        if is_dir {
+            let child = child.to_str().map_err(|_| Errno::INVAL)?;
+            removed += remove_tree(root, &dir, child, depth + 1, cancel)?;
+        } else {
+            rustix::fs::unlinkat(&dir, child.as_c_str(), AtFlags::empty())?;
+            removed += 1;
+        }
+    }
+    rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
+    Ok(removed + 1)
+}
+
+/// `file.move`: one rename, so it never leaves a half-moved file. Roots
+/// on different filesystems cannot be moved between (`provider_error`).
+pub fn rename(
+    from_root: &Root,
+    from: &str,
+    to_root: &Root,
+    to: &str,
+    overwrite: bool,
+) -> Result<Value, FileError> {
+    let (from_dir, from_name) = from_root.parent(from)?;
+    let (to_dir, to_name) = to_root.parent(to)?;
+    let flags = if overwrite {
+        RenameFlags::empty()
+    } else {
+        RenameFlags::NOREPLACE
+    };
+    let to_vpath = to_root.virtual_path(to);
+    rustix::fs::renameat_with(
+        &from_dir,
+        from_name.as_str(),
+        &to_dir,
+        to_name.as_str(),
+        flags,
+    )
+    .map_err(|e| match e {
+        Errno::XDEV => FileError::Io(format!(
+            "{to_vpath}: the two roots are on different filesystems; copy, then delete"
+        )),
+        Errno::NOENT => FileError::from_errno(e, &from_root.virtual_path(from)),
+        other => FileError::from_errno(other, &to_vpath),
+    })?;
+    Ok(json!({ "path": from_root.virtual_path(from), "to_path": to_vpath }))
+}
+
+/// A file being written: a temporary name in the target's directory,
+/// renamed over the target on [`commit`](Self::commit) after an fsync.
+/// Dropped uncommitted (failure, cancel), it removes itself, so no partial
+/// file is ever left under the target's name.
+pub struct AtomicFile {
+    dir: OwnedFd,
+    temp: String,
+    name: String,
+    vpath: String,
+    file: File,
+    hasher: Sha256,
+    size: u64,
+    committed: bool,
+    /// Whether committing may replace an existing file.
+    pub replace: bool,
+}
+
+impl AtomicFile {
+    /// Starts replacing `path`. The final component must not be a symlink
+    /// or a directory; an existing file's permissions are kept.
+    pub fn create(root: &Root, path: &str, create_parents: bool) -> Result<Self, FileError> {
+        let vpath = root.virtual_path(path);
+        if create_parents && let Some((parent, _)) = path.rsplit_once('/') {
+            mkdir(root, parent, true)?;
+        }
+        let (dir, name) = root.parent(path)?;
+        let mut mode = 0o644;
+        let mut owner = None;
+        match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
+                FileType::RegularFile => {
+                    mode = stat.st_mode & 0o7777;
+                    owner = Some((stat.st_uid, stat.st_gid));
+                }
+                FileType::Directory => {
+                    return Err(FileError::Invalid(format!("{vpath}: is a directory")));
+                }
+                FileType::Symlink => {
+                    return Err(FileError::Denied(format!(
+                        "{vpath}: is a symlink; write to the file it points to"
+                    )));
+                }
+                _ => return Err(FileError::Denied(format!("{vpath}: not a regular file"))),
+            },
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(FileError::from_errno(e, &vpath)),
+        }
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random).map_err(|e| FileError::Io(e.to_string()))?;
+        let temp = format!(
+            ".portcullis-{}.tmp",
+            random
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
+        let fd = root
+            .open_beneath(&dir, &temp, flags, Mode::from_raw_mode(mode))
+            .map_err(|e| FileError::from_errno(e, &vpath))?;
+        // umask may have narrowed the mode; the old file's owner is kept
+        // when the daemon may set it (as root).
+        let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode));
+        if let Some((uid, gid)) = owner {
+            let _ = rustix::fs::fchown(
+                &fd,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+            );
+        }
+        Ok(Self {
+            dir,
+            temp,
+            name,
+            vpath,
+            file: File::from(fd),
+            hasher: Sha256::new(),
+            size: 0,
+            committed: false,
+            replace: true,
+        })
+    }
+
+    pub fn write(&mut self, data: &[u8]) -> Result<(), FileError> {
+        self.file.write_all(data).map_err(|e| self.io(e))?;
+        self.hasher.update(data);
+        self.size += data.len() as u64;
+        Ok(())
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn io(&self, e: std::io::Error) -> FileError {
+        match FileError::from(e) {
+            FileError::Io(m) => FileError::Io(format!("{}{m}", self.vpath)),
+            other => other,
+        }
+    }
+
+    /// fsync, rename over the target, fsync the directory. Returns the
+    /// result a write answers with.
+    pub fn commit(mut self) -> Result<Value, FileError> {
+        self.file.sync_all().map_err(|e| self.io(e))?;
+        let flags = if self.replace {
+            RenameFlags::empty()
+        } else {
+            RenameFlags::NOREPLACE
+        };
+        let (dir, temp, name) = (&self.dir, self.temp.as_str(), self.name.as_str());
+        rustix::fs::renameat_with(dir, temp, dir, name, flags)
+            .map_err(|e| FileError::from_errno(e, &self.vpath))?;
+        self.committed = true;
+        let _ = rustix::fs::fsync(&self.dir);
+        let sha256 = hex(&std::mem::take(&mut self.hasher).finalize());
+        Ok(json!({ "path": self.vpath, "size": self.size, "sha256": sha256 }))
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = rustix::fs::unlinkat(&self.dir, self.temp.as_str(), AtFlags::empty());
+        }
+    }
+}
+
+/// Opens `path` to append to it (created if missing). Appends are not
+/// atomic: a failed append may leave part of its data.
+pub fn open_append(root: &Root, path: &str) -> Result<File, FileError> {
+    let vpath = root.virtual_path(path);
+    let flags =
+        OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK;
+    let fd = root.open_at(path, flags, Mode::from_raw_mode(0o644))?;
+    let stat = rustix::fs::fstat(&fd).map_err(|e| FileError::from_errno(e, &vpath))?;
+    regular_single_link(&stat, &vpath)?;
+    Ok(File::from(fd))
+}
+
+/// `file.copy` of one regular file, written atomically at the target.
+pub fn copy(
+    from_root: &Root,
+    from: &str,
+    to_root: &Root,
+    to: &str,
+    overwrite: bool,
+    cancel: &CancellationToken,
+) -> Result<Value, FileError> {
+    let (source, size) = open_read(from_root, from)?;
+    if !overwrite {
+        let (dir, name) = to_root.parent(to)?;
+        match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => {
+                return Err(FileError::Invalid(format!(
+                    "{}: already exists (pass overwrite: true)",
+                    to_root.virtual_path(to)
+                )));
+            }
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(FileError::from_errno(e, &to_root.virtual_path(to))),
+        }
+    }
+    let mut target = AtomicFile::create(to_root, to, false)?;
+    target.replace = overwrite;
+    let mut offset = 0;
+    while offset < size {
+        if cancel.is_cancelled() {
+            return Err(FileError::Cancelled);
+        }
+        let block = read_at(&source, offset, 1 << 20)?;
+        if block.is_empty() {
+            break;
+        }
+        offset += block.len() as u64;
+        target.write(&block)?;
+    }
+    let mut result = target.commit()?;
+    result["from_path"] = Value::String(from_root.virtual_path(from));
+    Ok(result)
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

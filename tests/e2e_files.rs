@@ -1,0 +1,764 @@
+//! `file.*` end to end: the real binary, the real client. Confinement (an
+//! escape corpus and a symlink race), read-only roots, streaming transfer
+//! with sha256, cancellation, and the audit entries they leave.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Gateway, key_b64};
+use portcullis::client::{Client, ClientError};
+use portcullis::frame::ErrorCode;
+use portcullis_crypto::StaticKeypair;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const SECRET: &str = "TOP SECRET, outside every root";
+
+fn policy(alice: &StaticKeypair) -> String {
+    format!(
+        r#"
+[[principal]]
+id = "alice"
+public_key = "{alice}"
+
+[[root]]
+id = "main"
+path = "GWDIR/workspace"
+virtual_path = "/workspace/main"
+
+[[root]]
+id = "docs"
+path = "GWDIR/docs"
+virtual_path = "/workspace/docs"
+
+[[root]]
+id = "linked"
+path = "GWDIR/linked"
+virtual_path = "/workspace/linked"
+follow_symlinks = true
+
+[[grant]]
+id = "alice-files"
+principals = ["alice"]
+fileops = {{ main = "rw", docs = "ro", linked = "rw" }}
+"#,
+        alice = key_b64(alice)
+    )
+}
+
+/// The gateway, alice's client, and the trap: `outside/` next to the roots
+/// holds a secret, and each root holds links that point at it.
+async fn setup() -> (Gateway, Client) {
+    let alice = StaticKeypair::generate().unwrap();
+    let gw = Gateway::start(&policy(&alice), "");
+    let d = &gw.dir;
+    for dir in ["outside/dir", "docs/sub", "linked/sub", "workspace/sub"] {
+        std::fs::create_dir_all(d.join(dir)).unwrap();
+    }
+    std::fs::write(d.join("outside/secret.txt"), SECRET).unwrap();
+    std::fs::write(d.join("outside/dir/secret.txt"), SECRET).unwrap();
+    std::fs::write(d.join("docs/readme.md"), "read me").unwrap();
+    for root in ["workspace", "linked"] {
+        let r = d.join(root);
+        std::fs::write(r.join("victim.txt"), "victim").unwrap();
+        std::fs::write(r.join("sub/inner.txt"), "inner").unwrap();
+        symlink(d.join("outside"), r.join("link_out")).unwrap();
+        symlink("../outside", r.join("link_out_rel")).unwrap();
+        symlink("link_out", r.join("chain_dir")).unwrap();
+        symlink("..", r.join("link_parent")).unwrap();
+        symlink("/proc/self/root", r.join("link_proc_root")).unwrap();
+        symlink(d.join("outside/secret.txt"), r.join("link_abs")).unwrap();
+        symlink("../outside/secret.txt", r.join("link_rel_up")).unwrap();
+        symlink("link_abs", r.join("chain1")).unwrap();
+        symlink("/proc/self/cwd/secret.txt", r.join("link_proc")).unwrap();
+        std::fs::hard_link(
+            d.join("outside/secret.txt"),
+            r.join(format!("hardlink-{root}")),
+        )
+        .unwrap();
+    }
+    symlink("sub/inner.txt", d.join("workspace/link_in")).unwrap();
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    (gw, client)
+}
+
+/// Every file under `dir` with its contents (symlinks as their target).
+fn snapshot(dir: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            let key = path.strip_prefix(dir).unwrap().display().to_string();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_symlink() {
+                out.insert(
+                    key,
+                    format!("-> {}", std::fs::read_link(&path).unwrap().display()),
+                );
+            } else if meta.is_dir() {
+                out.insert(key, "dir".into());
+                stack.push(path);
+            } else {
+                out.insert(key, std::fs::read_to_string(&path).unwrap_or_default());
+            }
+        }
+    }
+    out
+}
+
+fn code(result: &Result<Value, ClientError>) -> Option<ErrorCode> {
+    match result {
+        Err(ClientError::Remote(e)) => Some(e.code),
+        _ => None,
+    }
+}
+
+/// The requests one path is tried with: every method, both ends of a
+/// transfer.
+fn attempts(root: &str, path: &str) -> Vec<(&'static str, Value)> {
+    let p = |extra: Value| {
+        let mut v = json!({"root_id": root, "path": path});
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        v
+    };
+    vec![
+        ("file.read", p(json!({}))),
+        ("file.read", p(json!({"stream": true}))),
+        ("file.read", p(json!({"encoding": "base64"}))),
+        ("file.stat", p(json!({}))),
+        ("file.list", p(json!({}))),
+        ("file.write", p(json!({"content": "pwned"}))),
+        ("file.append", p(json!({"content": "pwned"}))),
+        ("file.mkdir", p(json!({"parents": true}))),
+        ("file.delete", p(json!({"recursive": true}))),
+        ("file.move", p(json!({"to_path": "moved"}))),
+        ("file.copy", p(json!({"to_path": "copied"}))),
+        (
+            "file.move",
+            json!({"root_id": root, "path": "victim.txt", "to_path": path, "overwrite": true}),
+        ),
+        (
+            "file.copy",
+            json!({"root_id": root, "path": "victim.txt", "to_path": path, "overwrite": true}),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn the_escape_corpus_fails_and_leaves_the_outside_untouched() {
+    let (gw, client) = setup().await;
+    let outside = snapshot(&gw.dir.join("outside"));
+    let mut cases = 0;
+    let mut expect_denied = |method: &str, params: Value, result: Result<Value, ClientError>| {
+        cases += 1;
+        assert_eq!(
+            code(&result),
+            Some(ErrorCode::PermissionDenied),
+            "{method} {params} was not refused: {result:?}"
+        );
+        if let Err(ClientError::Remote(e)) = &result {
+            assert!(
+                !e.message.contains(&gw.dir.display().to_string()),
+                "a host path leaked: {}",
+                e.message
+            );
+        }
+    };
+    // Paths that leave the root before their last component: every method
+    // fails, in both roots (symlinks followed or not).
+    let through = [
+        "../outside/secret.txt",
+        "../../etc/passwd",
+        "sub/../../outside/secret.txt",
+        "/etc/passwd",
+        "/workspace/main/../../etc/passwd",
+        "/workspace/mainx/secret.txt",
+        "sub/\0/x",
+        "link_out/secret.txt",
+        "link_out/dir/secret.txt",
+        "link_out_rel/secret.txt",
+        "chain_dir/secret.txt",
+        "link_parent/outside/secret.txt",
+        "link_proc_root/etc/passwd",
+    ];
+    for root in ["main", "linked"] {
+        for path in through {
+            for (method, params) in attempts(root, path) {
+                let result = client.request(method, params.clone()).await;
+                expect_denied(method, params, result);
+            }
+        }
+    }
+    // A last component that is a link out (or, in a strict root, any
+    // symlink; or a hard link to an outside file): nothing reads or writes
+    // through it. (stat, delete and move act on the link itself, inside.)
+    let mut finals = vec![
+        ("main", "link_abs"),
+        ("main", "link_rel_up"),
+        ("main", "chain1"),
+        ("main", "link_proc"),
+        ("main", "link_in"),
+        ("linked", "link_abs"),
+        ("linked", "link_rel_up"),
+        ("linked", "chain1"),
+        ("linked", "link_proc"),
+    ];
+    for (root, path) in finals.drain(..) {
+        for (method, params) in attempts(root, path).into_iter().filter(|(m, p)| {
+            matches!(*m, "file.read" | "file.write" | "file.append" | "file.list")
+                || (*m == "file.copy" && p["path"] == path)
+        }) {
+            let result = client.request(method, params.clone()).await;
+            expect_denied(method, params, result);
+        }
+    }
+    for (root, path) in [
+        ("main", "hardlink-workspace"),
+        ("linked", "hardlink-linked"),
+    ] {
+        for (method, params) in [
+            ("file.read", json!({"root_id": root, "path": path})),
+            (
+                "file.read",
+                json!({"root_id": root, "path": path, "stream": true}),
+            ),
+            (
+                "file.append",
+                json!({"root_id": root, "path": path, "content": "x"}),
+            ),
+            (
+                "file.copy",
+                json!({"root_id": root, "path": path, "to_path": "c"}),
+            ),
+        ] {
+            let result = client.request(method, params.clone()).await;
+            expect_denied(method, params, result);
+        }
+    }
+    assert!(cases >= 60, "{cases} cases");
+    assert_eq!(
+        snapshot(&gw.dir.join("outside")),
+        outside,
+        "the outside changed"
+    );
+    for root in ["workspace", "linked"] {
+        assert_eq!(
+            std::fs::read_to_string(gw.dir.join(root).join("victim.txt")).unwrap(),
+            "victim"
+        );
+    }
+    gw.assert_requests_audited(cases);
+    println!("{cases} escape attempts refused");
+}
+
+#[tokio::test]
+async fn a_symlink_swapped_in_during_reads_and_writes_never_leads_out() {
+    let (gw, client) = setup().await;
+    let outside = snapshot(&gw.dir.join("outside"));
+    for root in ["workspace", "linked"] {
+        let r = gw.dir.join(root);
+        std::fs::create_dir(r.join("race")).unwrap();
+        std::fs::write(r.join("race/secret.txt"), "inside").unwrap();
+        symlink(gw.dir.join("outside"), r.join("race_swap")).unwrap();
+    }
+    // A thread swaps `race` (a real directory) with `race_swap` (a link to
+    // the outside) as fast as it can, atomically, in both roots.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (stop, dir) = (stop.clone(), gw.dir.clone());
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && swaps < 5_000_000 {
+                for root in ["workspace", "linked"] {
+                    let r = dir.join(root);
+                    rustix::fs::renameat_with(
+                        rustix::fs::CWD,
+                        r.join("race"),
+                        rustix::fs::CWD,
+                        r.join("race_swap"),
+                        rustix::fs::RenameFlags::EXCHANGE,
+                    )
+                    .unwrap();
+                }
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let (mut inside, mut refused) = (0, 0);
+    let mut requests = 0;
+    for i in 0..400 {
+        let root = if i % 2 == 0 { "main" } else { "linked" };
+        let read = client
+            .request(
+                "file.read",
+                json!({"root_id": root, "path": "race/secret.txt"}),
+            )
+            .await;
+        let write = client
+            .request(
+                "file.write",
+                json!({"root_id": root, "path": format!("race/new-{i}"), "content": "x"}),
+            )
+            .await;
+        requests += 2;
+        match &read {
+            Ok(v) => {
+                assert_eq!(v["content"], "inside", "read through the swapped link");
+                inside += 1;
+            }
+            Err(ClientError::Remote(e)) => {
+                assert!(
+                    matches!(e.code, ErrorCode::PermissionDenied | ErrorCode::NotFound),
+                    "{e:?}"
+                );
+                refused += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        if let Err(e) = &write {
+            assert!(
+                matches!(
+                    code(&write),
+                    Some(ErrorCode::PermissionDenied | ErrorCode::NotFound)
+                ),
+                "{e}"
+            );
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert_eq!(
+        snapshot(&gw.dir.join("outside")),
+        outside,
+        "the outside changed"
+    );
+    println!("race: {swaps} swaps; {inside} reads inside, {refused} refused");
+    assert!(swaps > 100, "the swapper barely ran ({swaps})");
+    gw.assert_requests_audited(requests);
+}
+
+#[tokio::test]
+async fn read_only_roots_are_never_modified() {
+    let (gw, client) = setup().await;
+    let before = snapshot(&gw.dir.join("docs"));
+    let docs = |extra: Value| {
+        let mut v = json!({"root_id": "docs", "path": "readme.md"});
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        v
+    };
+    let mutations = [
+        ("file.write", docs(json!({"content": "changed"}))),
+        (
+            "file.write",
+            docs(json!({"path": "new.md", "content": "new"})),
+        ),
+        ("file.append", docs(json!({"content": "more"}))),
+        ("file.mkdir", docs(json!({"path": "newdir"}))),
+        ("file.delete", docs(json!({}))),
+        (
+            "file.delete",
+            docs(json!({"path": "sub", "recursive": true})),
+        ),
+        ("file.move", docs(json!({"to_path": "renamed.md"}))),
+        (
+            "file.move",
+            json!({"root_id": "main", "path": "victim.txt", "to_root_id": "docs", "to_path": "v.txt"}),
+        ),
+        (
+            "file.move",
+            docs(json!({"to_root_id": "main", "to_path": "stolen.md"})),
+        ),
+        (
+            "file.copy",
+            json!({"root_id": "main", "path": "victim.txt", "to_root_id": "docs", "to_path": "v.txt"}),
+        ),
+        ("file.copy", docs(json!({"to_path": "copy.md"}))),
+    ];
+    for (method, params) in &mutations {
+        let result = client.request(method, params.clone()).await;
+        assert_eq!(
+            code(&result),
+            Some(ErrorCode::PermissionDenied),
+            "{method} {params}: {result:?}"
+        );
+    }
+    // Reading is what ro is for; copying out of it is reading.
+    let read = client.request("file.read", docs(json!({}))).await.unwrap();
+    assert_eq!(read["content"], "read me");
+    let copied = client
+        .request(
+            "file.copy",
+            docs(json!({"to_root_id": "main", "to_path": "from-docs.md"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(copied["path"], "/workspace/main/from-docs.md");
+    assert_eq!(snapshot(&gw.dir.join("docs")), before);
+    gw.assert_requests_audited(mutations.len() + 2);
+}
+
+#[tokio::test]
+async fn the_file_methods_work_and_are_audited_with_root_and_path() {
+    let (gw, client) = setup().await;
+    let call = |method: &'static str, params: Value| {
+        let client = &client;
+        async move { client.request(method, params).await }
+    };
+    let wrote = call(
+        "file.write",
+        json!({"root_id": "main", "path": "notes/today.txt", "content": "hello\n", "create_parents": true}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(wrote["size"], 6);
+    assert_eq!(wrote["path"], "/workspace/main/notes/today.txt");
+    assert_eq!(wrote["sha256"], hex(&Sha256::digest(b"hello\n")));
+    call(
+        "file.append",
+        json!({"root_id": "main", "path": "/workspace/main/notes/today.txt", "content": "d29ybGQK", "encoding": "base64"}),
+    )
+    .await
+    .unwrap();
+    let read = call(
+        "file.read",
+        json!({"root_id": "main", "path": "notes/today.txt"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            read["content"].as_str(),
+            read["size"].as_u64(),
+            read["eof"].as_bool()
+        ),
+        (Some("hello\nworld\n"), Some(12), Some(true))
+    );
+    let part = call(
+        "file.read",
+        json!({"root_id": "main", "path": "notes/today.txt", "offset": 6, "length": 3}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (part["content"].as_str(), part["eof"].as_bool()),
+        (Some("wor"), Some(false))
+    );
+    let stat = call("file.stat", json!({"root_id": "main", "path": "notes"}))
+        .await
+        .unwrap();
+    assert_eq!(stat["kind"], "dir");
+    call(
+        "file.mkdir",
+        json!({"root_id": "main", "path": "a/b/c", "parents": true}),
+    )
+    .await
+    .unwrap();
+    let exists = call("file.mkdir", json!({"root_id": "main", "path": "a"})).await;
+    assert_eq!(code(&exists), Some(ErrorCode::InvalidRequest));
+    call(
+        "file.copy",
+        json!({"root_id": "main", "path": "notes/today.txt", "to_path": "a/b/c/copy.txt"}),
+    )
+    .await
+    .unwrap();
+    call(
+        "file.move",
+        json!({"root_id": "main", "path": "a/b/c/copy.txt", "to_root_id": "linked", "to_path": "moved.txt"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(gw.dir.join("linked/moved.txt")).unwrap(),
+        "hello\nworld\n"
+    );
+    let listed = call(
+        "file.list",
+        json!({"root_id": "main", "path": "", "depth": 3}),
+    )
+    .await
+    .unwrap();
+    let names: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"/workspace/main/a/b/c"), "{names:?}");
+    assert!(
+        names.contains(&"/workspace/main/notes/today.txt"),
+        "{names:?}"
+    );
+    let paged = call(
+        "file.list",
+        json!({"root_id": "main", "path": "", "depth": 3, "limit": 2}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(paged["entries"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        (paged["truncated"].as_bool(), paged["next_offset"].as_u64()),
+        (Some(true), Some(2))
+    );
+    let removed = call(
+        "file.delete",
+        json!({"root_id": "main", "path": "a", "recursive": true}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(removed["removed"], 3);
+    let missing = call("file.stat", json!({"root_id": "main", "path": "a"})).await;
+    assert_eq!(code(&missing), Some(ErrorCode::NotFound));
+    let binary = std::fs::write(gw.dir.join("workspace/bin"), [0xff, 0xfe, 0]);
+    binary.unwrap();
+    let not_text = call("file.read", json!({"root_id": "main", "path": "bin"})).await;
+    assert_eq!(code(&not_text), Some(ErrorCode::InvalidRequest));
+    let as_base64 = call(
+        "file.read",
+        json!({"root_id": "main", "path": "bin", "encoding": "base64"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(as_base64["content"], "//4A");
+    gw.assert_requests_audited(15);
+
+    let entries = gw.audit_entries();
+    let write = entries
+        .iter()
+        .find(|e| e.record.method.as_deref() == Some("file.write"))
+        .unwrap();
+    assert_eq!(
+        (
+            write.record.root.as_deref(),
+            write.record.path.as_deref(),
+            write.record.bytes_in
+        ),
+        (Some("main"), Some("notes/today.txt"), 6)
+    );
+    let read = entries
+        .iter()
+        .find(|e| e.record.method.as_deref() == Some("file.read"))
+        .unwrap();
+    assert!(read.record.bytes_out > 0);
+}
+
+/// Deterministic bytes, generated as they are read (no file is kept).
+struct Pattern {
+    left: u64,
+    state: u64,
+    hasher: Sha256,
+}
+
+impl std::io::Read for Pattern {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.left as usize);
+        for chunk in buf[..n].chunks_mut(8) {
+            self.state = self
+                .state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let bytes = self.state.to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        self.hasher.update(&buf[..n]);
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+struct HashingSink(Sha256, u64);
+
+impl std::io::Write for HashingSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        self.1 += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// 1 GiB up and down by default (`PORTCULLIS_ROUNDTRIP_MIB` to change).
+#[tokio::test]
+async fn a_large_file_round_trips_with_matching_sha256() {
+    let mib: u64 = std::env::var("PORTCULLIS_ROUNDTRIP_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let size = mib << 20;
+    let (gw, client) = setup().await;
+    let mut source = Pattern {
+        left: size,
+        state: 7,
+        hasher: Sha256::new(),
+    };
+    let started = std::time::Instant::now();
+    let up = client
+        .upload(
+            "main",
+            "big.bin",
+            &mut source,
+            Some(size),
+            false,
+            &mut |_| {},
+        )
+        .await
+        .unwrap();
+    let upload_time = started.elapsed();
+    let sent_hash = hex(&source.hasher.finalize());
+    assert_eq!(
+        (up["size"].as_u64(), up["sha256"].as_str()),
+        (Some(size), Some(sent_hash.as_str()))
+    );
+    assert_eq!(
+        std::fs::metadata(gw.dir.join("workspace/big.bin"))
+            .unwrap()
+            .len(),
+        size
+    );
+
+    let mut sink = HashingSink(Sha256::new(), 0);
+    let started = std::time::Instant::now();
+    let down = client
+        .download("main", "big.bin", &mut sink, &mut |_| {})
+        .await
+        .unwrap();
+    let download_time = started.elapsed();
+    assert_eq!(sink.1, size);
+    assert_eq!(hex(&sink.0.finalize()), sent_hash);
+    assert_eq!(down["sha256"].as_str(), Some(sent_hash.as_str()));
+    println!(
+        "{mib} MiB: upload {:.0} MB/s, download {:.0} MB/s ({} build; figures belong to benches)",
+        size as f64 / upload_time.as_secs_f64() / 1e6,
+        size as f64 / download_time.as_secs_f64() / 1e6,
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+    );
+    std::fs::remove_file(gw.dir.join("workspace/big.bin")).unwrap();
+    gw.assert_requests_audited(2);
+    let entries = gw.audit_entries();
+    assert!(entries.iter().any(|e| e.record.bytes_in == size));
+    assert!(entries.iter().any(|e| e.record.bytes_out == size));
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Files in `dir` (not recursive), by name.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn cancelled_and_failed_uploads_leave_no_file() {
+    let (gw, client) = setup().await;
+    let before = names(&gw.dir.join("workspace"));
+    // Cancel part-way: the chunks sent so far are dropped with the temp file.
+    let mut handle = client
+        .start(
+            "file.write",
+            json!({"root_id": "main", "path": "partial.bin", "stream": true}),
+        )
+        .await
+        .unwrap();
+    let piece = vec![0x5a; 60_000];
+    for _ in 0..50 {
+        let mut rec = Vec::new();
+        portcullis::record::encode_chunk(
+            &handle.id,
+            portcullis::record::Channel::FileData,
+            &piece,
+            &mut rec,
+        )
+        .unwrap();
+        client.send_record(rec).await.unwrap();
+    }
+    assert!(!handle.finished());
+    handle.cancel().await.unwrap();
+    let cancelled = handle.response().await;
+    assert_eq!(
+        code(&cancelled),
+        Some(ErrorCode::Cancelled),
+        "{cancelled:?}"
+    );
+    assert_eq!(
+        names(&gw.dir.join("workspace")),
+        before,
+        "a partial file was left"
+    );
+
+    // A size that does not match: refused at the end, nothing written.
+    let mut short = Pattern {
+        left: 1000,
+        state: 1,
+        hasher: Sha256::new(),
+    };
+    let wrong = client
+        .upload(
+            "main",
+            "sized.bin",
+            &mut short,
+            Some(2000),
+            false,
+            &mut |_| {},
+        )
+        .await;
+    assert_eq!(code(&wrong), Some(ErrorCode::InvalidRequest), "{wrong:?}");
+    assert_eq!(names(&gw.dir.join("workspace")), before);
+
+    // A download cancelled part-way answers `cancelled` and the session goes on.
+    std::fs::write(gw.dir.join("workspace/big.bin"), vec![1u8; 64 << 20]).unwrap();
+    let mut handle = client
+        .start(
+            "file.read",
+            json!({"root_id": "main", "path": "big.bin", "stream": true}),
+        )
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        handle.next().await.unwrap();
+    }
+    handle.cancel().await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), handle.response())
+        .await
+        .expect("the cancelled download answered");
+    assert_eq!(code(&result), Some(ErrorCode::Cancelled), "{result:?}");
+    client
+        .request("file.stat", json!({"root_id": "main", "path": "big.bin"}))
+        .await
+        .unwrap();
+    gw.assert_requests_audited(4);
+    let statuses: Vec<_> = gw
+        .audit_entries()
+        .into_iter()
+        .filter_map(|e| e.record.status)
+        .collect();
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == portcullis_store::Status::Cancelled)
+            .count(),
+        2
+    );
+}
