@@ -13,6 +13,26 @@ use portcullis_crypto::StaticKeypair;
 use portcullis_store::{Decision, Entry, Kind, Status};
 use serde_json::json;
 
+/// `audit verify --file EXPORT --key KEY` passes.
+fn assert_export_verifies(gw: &Gateway, export: &std::path::Path, key: &str) {
+    let checked = cli(
+        gw,
+        &[
+            "audit",
+            "verify",
+            "--file",
+            export.to_str().unwrap(),
+            "--key",
+            key,
+        ],
+    );
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stdout)
+    );
+}
+
 fn entries(gw: &Gateway) -> Vec<Entry> {
     gw.audit_entries()
 }
@@ -227,22 +247,7 @@ async fn every_request_ends_in_exactly_one_entry() {
         "{}",
         String::from_utf8_lossy(&exported.stderr)
     );
-    let checked = cli(
-        &gw,
-        &[
-            "audit",
-            "verify",
-            "--file",
-            live_export.to_str().unwrap(),
-            "--key",
-            key.trim(),
-        ],
-    );
-    assert!(
-        checked.status.success(),
-        "{}",
-        String::from_utf8_lossy(&checked.stdout)
-    );
+    assert_export_verifies(&gw, &live_export, key.trim());
     let exported_entries = std::fs::read_to_string(&live_export)
         .unwrap()
         .lines()
@@ -286,22 +291,7 @@ async fn every_request_ends_in_exactly_one_entry() {
         .status
         .success()
     );
-    let checked = cli(
-        &gw,
-        &[
-            "audit",
-            "verify",
-            "--file",
-            export.to_str().unwrap(),
-            "--key",
-            key.trim(),
-        ],
-    );
-    assert!(
-        checked.status.success(),
-        "{}",
-        String::from_utf8_lossy(&checked.stdout)
-    );
+    assert_export_verifies(&gw, &export, key.trim());
     let other = portcullis_store::AuditSigner::load_or_create(&gw.dir.join("other.key"))
         .unwrap()
         .public_key_base64();
