@@ -109,7 +109,6 @@ impl Sha256Writer {
     }
 
     fn hex(self) -> Value {
-        let digest = sha2::Digest::finalize(self.0);
-        Value::String(digest.iter().map(|b| format!("{b:02x}")).collect())
+        Value::String(crate::files::ops::hex(&sha2::Digest::finalize(self.0)))
     }
 }

@@ -29,6 +29,11 @@ fn stdout(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// The name of the next event the client hears within five seconds.
+async fn next_event_name(client: &portcullis::client::Client) -> Option<String> {
+    client.next_event(5 * SECOND).await.map(|e| e.event)
+}
+
 fn json_of(output: &std::process::Output) -> Value {
     serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|_| panic!("not JSON: {}", stdout(output)))
@@ -127,11 +132,7 @@ async fn pause_refuses_everything_and_survives_a_restart() {
 
     assert!(gw.cli(&["pause"]).status.success());
     assert_eq!(
-        client
-            .next_event(5 * SECOND)
-            .await
-            .map(|e| e.event)
-            .as_deref(),
+        next_event_name(&client).await.as_deref(),
         Some("provider.paused")
     );
     let refused = client.request("resource.list", json!({})).await;
@@ -153,11 +154,7 @@ async fn pause_refuses_everything_and_survives_a_restart() {
 
     assert!(gw.cli(&["resume"]).status.success());
     assert_eq!(
-        client
-            .next_event(5 * SECOND)
-            .await
-            .map(|e| e.event)
-            .as_deref(),
+        next_event_name(&client).await.as_deref(),
         Some("provider.resumed")
     );
     client
