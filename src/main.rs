@@ -77,6 +77,22 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         count: u32,
     },
+    /// Print a file on a gateway (ROOT:PATH) to stdout.
+    Cat(cli::files::Cat),
+    /// Download a file from a gateway; the sha256 is checked.
+    Get(cli::files::Get),
+    /// Upload a file to a gateway (atomic replace, or --append).
+    Put(cli::files::Put),
+    /// List a directory on a gateway.
+    Ls(cli::files::Ls),
+    /// Show size, kind, mode and mtime of an entry on a gateway.
+    Stat(cli::files::Stat),
+    /// Remove a file (or, with -r, a directory) on a gateway.
+    Rm(cli::files::Rm),
+    /// Create a directory on a gateway.
+    Mkdir(cli::files::Mkdir),
+    /// Search files on a gateway (ripgrep's engine); exit 2 if nothing matched.
+    Grep(cli::files::Grep),
 }
 
 #[derive(Subcommand)]
@@ -227,5 +243,13 @@ fn main() -> ExitCode {
         Command::Pause(socket) => cli::admin::pause(&socket, true),
         Command::Resume(socket) => cli::admin::pause(&socket, false),
         Command::Ping { target, count } => cli::connect::ping(target, count),
+        Command::Cat(args) => cli::files::cat(args),
+        Command::Get(args) => cli::files::get(args),
+        Command::Put(args) => cli::files::put(args),
+        Command::Ls(args) => cli::files::ls(args),
+        Command::Stat(args) => cli::files::stat(args),
+        Command::Rm(args) => cli::files::rm(args),
+        Command::Mkdir(args) => cli::files::mkdir(args),
+        Command::Grep(args) => cli::files::grep(args),
     }
 }

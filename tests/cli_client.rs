@@ -98,3 +98,180 @@ fn connect_remembers_the_gateway_key_and_ping_uses_it() {
     assert_eq!(mode & 0o777, 0o600);
     let _ = std::fs::remove_dir_all(home);
 }
+
+#[test]
+fn file_verbs_put_get_cat_ls_stat_mkdir_rm_and_grep() {
+    let home = std::env::temp_dir().join(format!("portcullis-cli-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    let alice_file = home.join("alice.key");
+    let alice = keyfile::generate(&alice_file, false).unwrap();
+    let policy = format!(
+        r#"
+[[principal]]
+id = "alice"
+public_key = "{}"
+
+[[root]]
+id = "main"
+path = "WORKSPACE"
+virtual_path = "/workspace/main"
+
+[[grant]]
+id = "g"
+principals = ["alice"]
+fileops = {{ main = "rw" }}
+"#,
+        key_b64(&alice)
+    );
+    let gw = Gateway::start(&policy, "");
+    let key = gw.key.to_base64();
+    let run = |verb: &str, rest: &[&str]| {
+        let mut args = vec![verb, gw.url.as_str(), "--gateway-key", &key];
+        args.extend(["--identity", alice_file.to_str().unwrap()]);
+        args.extend(rest);
+        portcullis(&home, &args)
+    };
+    let ok = |out: &Output| assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // 3 MiB and a bit up and down again, sha256 checked both ways.
+    let data: Vec<u8> = (0..3 * 1024 * 1024 + 77)
+        .map(|i: u32| (i * 7 % 251) as u8)
+        .collect();
+    std::fs::write(home.join("up.bin"), &data).unwrap();
+    let put = run(
+        "put",
+        &[
+            home.join("up.bin").to_str().unwrap(),
+            "main:dir/up.bin",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        put.status.code(),
+        Some(1),
+        "no parent yet: {}",
+        text(&put.stderr)
+    );
+    assert!(
+        text(&put.stderr).contains("not_found"),
+        "{}",
+        text(&put.stderr)
+    );
+    ok(&run("mkdir", &["main:dir/deeper", "-p"]));
+    let put = run(
+        "put",
+        &[
+            home.join("up.bin").to_str().unwrap(),
+            "main:dir/up.bin",
+            "--json",
+        ],
+    );
+    ok(&put);
+    let result: serde_json::Value = serde_json::from_slice(&put.stdout).unwrap();
+    assert_eq!(result["size"], data.len());
+    assert_eq!(
+        std::fs::read(gw.dir.join("workspace/dir/up.bin")).unwrap(),
+        data
+    );
+    let down = home.join("down.bin");
+    let get = run(
+        "get",
+        &["main:dir/up.bin", down.to_str().unwrap(), "--json"],
+    );
+    ok(&get);
+    assert_eq!(std::fs::read(&down).unwrap(), data);
+    let got: serde_json::Value = serde_json::from_slice(&get.stdout).unwrap();
+    assert_eq!(got["sha256"], result["sha256"]);
+    // A failed download leaves no file behind.
+    let missing = run(
+        "get",
+        &["main:nope.bin", home.join("nope.bin").to_str().unwrap()],
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(!home.join("nope.bin").exists());
+    assert!(!home.join(".nope.bin.portcullis-part").exists());
+
+    // Small things: stdin up, stdout down, listing, stat.
+    let mut put = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args([
+            "put",
+            gw.url.as_str(),
+            "--identity",
+            alice_file.to_str().unwrap(),
+        ])
+        .args(["-", "main:dir/hello.txt"])
+        .env("XDG_CONFIG_HOME", &home)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    put.stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello, gateway\n")
+        .unwrap();
+    ok(&put.wait_with_output().unwrap());
+    let cat = run("cat", &["main:dir/hello.txt"]);
+    ok(&cat);
+    assert_eq!(text(&cat.stdout), "hello, gateway\n");
+    let ls = run("ls", &["main:dir", "--json"]);
+    ok(&ls);
+    let names: Vec<String> = text(&ls.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["name"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(names, ["deeper", "hello.txt", "up.bin"]);
+    let ls = run("ls", &["main:", "-d", "2"]);
+    ok(&ls);
+    assert!(
+        text(&ls.stdout).contains("/workspace/main/dir/hello.txt"),
+        "{}",
+        text(&ls.stdout)
+    );
+    let stat = run("stat", &["main:dir/hello.txt", "--json"]);
+    ok(&stat);
+    let stat: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap();
+    assert_eq!(
+        (stat["kind"].as_str(), stat["size"].as_u64()),
+        (Some("file"), Some(15))
+    );
+
+    // grep: matches print as path:line:text; nothing found exits 2.
+    let grep = run("grep", &["gate.ay", "main:"]);
+    ok(&grep);
+    assert_eq!(
+        text(&grep.stdout),
+        "/workspace/main/dir/hello.txt:1:hello, gateway\n"
+    );
+    let none = run("grep", &["-F", "gate.ay", "main:"]);
+    assert_eq!(none.status.code(), Some(2), "{}", text(&none.stderr));
+
+    // rm: a directory needs -r; bad ROOT:PATH is a usage error.
+    let rm = run("rm", &["main:dir"]);
+    assert_eq!(rm.status.code(), Some(1));
+    assert!(
+        text(&rm.stderr).contains("invalid_request"),
+        "{}",
+        text(&rm.stderr)
+    );
+    ok(&run("rm", &["main:dir", "-r"]));
+    assert!(!gw.dir.join("workspace/dir").exists());
+    let usage = run("cat", &["no-colon"]);
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(
+        text(&usage.stderr).contains("ROOT:PATH"),
+        "{}",
+        text(&usage.stderr)
+    );
+    // Requests answered: put (refused), mkdir, put, stat+read, stat (get of
+    // the missing file), write, read, list, list, stat, 2 searches, 2 deletes.
+    gw.assert_requests_audited(15);
+    let _ = std::fs::remove_dir_all(home);
+}

@@ -45,6 +45,7 @@ follow_symlinks = true
 id = "alice-files"
 principals = ["alice"]
 fileops = {{ main = "rw", docs = "ro", linked = "rw" }}
+resources = {{}}
 "#,
         alice = key_b64(alice)
     )
@@ -141,6 +142,8 @@ fn attempts(root: &str, path: &str) -> Vec<(&'static str, Value)> {
         ("file.delete", p(json!({"recursive": true}))),
         ("file.move", p(json!({"to_path": "moved"}))),
         ("file.copy", p(json!({"to_path": "copied"}))),
+        ("file.search", p(json!({"pattern": "SECRET"}))),
+        ("file.watch", p(json!({"recursive": true}))),
         (
             "file.move",
             json!({"root_id": root, "path": "victim.txt", "to_path": path, "overwrite": true}),
@@ -213,8 +216,15 @@ async fn the_escape_corpus_fails_and_leaves_the_outside_untouched() {
     ];
     for (root, path) in finals.drain(..) {
         for (method, params) in attempts(root, path).into_iter().filter(|(m, p)| {
-            matches!(*m, "file.read" | "file.write" | "file.append" | "file.list")
-                || (*m == "file.copy" && p["path"] == path)
+            matches!(
+                *m,
+                "file.read"
+                    | "file.write"
+                    | "file.append"
+                    | "file.list"
+                    | "file.search"
+                    | "file.watch"
+            ) || (*m == "file.copy" && p["path"] == path)
         }) {
             let result = client.request(method, params.clone()).await;
             expect_denied(method, params, result);
@@ -234,6 +244,11 @@ async fn the_escape_corpus_fails_and_leaves_the_outside_untouched() {
                 "file.append",
                 json!({"root_id": root, "path": path, "content": "x"}),
             ),
+            (
+                "file.search",
+                json!({"root_id": root, "path": path, "pattern": "SECRET"}),
+            ),
+            ("file.watch", json!({"root_id": root, "path": path})),
             (
                 "file.copy",
                 json!({"root_id": root, "path": path, "to_path": "c"}),
@@ -761,4 +776,285 @@ async fn cancelled_and_failed_uploads_leave_no_file() {
             .count(),
         2
     );
+}
+
+/// `match` events and the terminal result of one search.
+async fn search(client: &Client, params: Value) -> (Vec<Value>, Value) {
+    let mut handle = client.start("file.search", params).await.unwrap();
+    let mut matches = Vec::new();
+    while let Some(item) = handle.next().await {
+        if let portcullis::client::StreamItem::Stream { event, data } = item {
+            assert_eq!(event, "match");
+            matches.push(data);
+        }
+    }
+    (matches, handle.response().await.unwrap())
+}
+
+#[tokio::test]
+async fn search_streams_matches_within_globs_and_caps_and_never_leaves_the_root() {
+    let (gw, client) = setup().await;
+    let w = gw.dir.join("workspace");
+    for dir in ["src", ".hidden", "target"] {
+        std::fs::create_dir_all(w.join(dir)).unwrap();
+    }
+    std::fs::write(
+        w.join("src/a.rs"),
+        "fn main() {\n    println!(\"hello\");\n}\n",
+    )
+    .unwrap();
+    std::fs::write(w.join("src/b.txt"), "hello world\nHELLO\nhelo\n").unwrap();
+    std::fs::write(w.join(".hidden/h.rs"), "hello\n").unwrap();
+    std::fs::write(w.join("target/t.rs"), "hello\n").unwrap();
+    std::fs::write(w.join("bin.dat"), b"hello\0\x01\x02 hello").unwrap();
+    let mut answered = 0;
+
+    // A regex over the tree, only *.rs outside target/, hidden skipped.
+    let (matches, result) = search(
+        &client,
+        json!({"root_id": "main", "path": "", "pattern": "hel+o", "globs": ["*.rs", "!target/"]}),
+    )
+    .await;
+    answered += 1;
+    assert_eq!(matches.len(), 1, "{matches:?}");
+    assert_eq!(matches[0]["path"], "/workspace/main/src/a.rs");
+    assert_eq!(matches[0]["line"], 2);
+    assert_eq!(matches[0]["column"], 15);
+    assert_eq!(matches[0]["text"], "    println!(\"hello\");");
+    assert_eq!(result["matches"], 1);
+    assert_eq!(result["files_matched"], 1);
+    assert_eq!(result["truncated"], false);
+
+    // Hidden files on request; a literal, case-insensitive, in one file.
+    let (matches, _) = search(
+        &client,
+        json!({"root_id": "main", "path": "", "pattern": "hello", "hidden": true, "globs": [".hidden/**"]}),
+    )
+    .await;
+    answered += 1;
+    assert_eq!(matches.len(), 1, "{matches:?}");
+    assert_eq!(matches[0]["path"], "/workspace/main/.hidden/h.rs");
+    let (matches, result) = search(
+        &client,
+        json!({"root_id": "main", "path": "src/b.txt", "pattern": "HEL+O", "literal": true, "case_insensitive": true}),
+    )
+    .await;
+    answered += 1;
+    assert_eq!(matches.len(), 0, "a literal `+`: {matches:?}");
+    assert_eq!(result["files_searched"], 1);
+    let (matches, _) = search(
+        &client,
+        json!({"root_id": "main", "path": "src/b.txt", "pattern": "HELLO", "literal": true, "case_insensitive": true}),
+    )
+    .await;
+    answered += 1;
+    let lines: Vec<&Value> = matches.iter().map(|m| &m["line"]).collect();
+    assert_eq!(lines, [1, 2]);
+
+    // Caps: results and bytes; a binary file is reported, not dumped.
+    let (matches, result) = search(
+        &client,
+        json!({"root_id": "main", "path": "", "pattern": "hello", "max_results": 2}),
+    )
+    .await;
+    answered += 1;
+    assert_eq!(matches.len(), 2);
+    assert_eq!(result["truncated_by"], "max_results");
+    let (matches, result) = search(
+        &client,
+        json!({"root_id": "main", "path": "", "pattern": "hello", "max_bytes": 12}),
+    )
+    .await;
+    answered += 1;
+    assert!(matches.len() <= 1, "{matches:?}");
+    assert_eq!(result["truncated_by"], "max_bytes");
+    let (_, result) = search(
+        &client,
+        json!({"root_id": "main", "path": "bin.dat", "pattern": "hello"}),
+    )
+    .await;
+    answered += 1;
+    assert_eq!(result["skipped"]["binary"], 1, "{result}");
+
+    // The secret sits outside, behind symlinks and a hard link in the
+    // root: a search of the whole root never finds it.
+    let (matches, result) = search(
+        &client,
+        json!({"root_id": "main", "path": "", "pattern": "TOP SECRET", "hidden": true}),
+    )
+    .await;
+    answered += 1;
+    assert!(matches.is_empty(), "{matches:?}");
+    assert_eq!(
+        result["skipped"]["unreadable"], 1,
+        "the hard link: {result}"
+    );
+
+    // Bad patterns and globs are the caller's error, with a reason.
+    for params in [
+        json!({"root_id": "main", "path": "", "pattern": "("}),
+        json!({"root_id": "main", "path": "", "pattern": ""}),
+        json!({"root_id": "main", "path": "", "pattern": "x", "globs": ["a[b"]}),
+        json!({"root_id": "main", "path": "", "pattern": "x{1000}{1000}"}),
+    ] {
+        let result = client.request("file.search", params.clone()).await;
+        answered += 1;
+        assert_eq!(
+            code(&result),
+            Some(ErrorCode::InvalidRequest),
+            "{params}: {result:?}"
+        );
+    }
+    gw.assert_requests_audited(answered);
+}
+
+/// The next `file.changed` event for `path`, skipping others.
+async fn change_of(client: &Client, path: &str) -> Option<Value> {
+    change_within(client, path, Duration::from_secs(5)).await
+}
+
+async fn change_within(client: &Client, path: &str, within: Duration) -> Option<Value> {
+    let deadline = tokio::time::Instant::now() + within;
+    while let Some(wait) = deadline.checked_duration_since(tokio::time::Instant::now()) {
+        let event = client.next_event(wait).await?;
+        if event.event == "file.changed" && event.payload["path"] == path {
+            return Some(event.payload);
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_watch_reports_changes_until_disposed_or_revoked() {
+    let (gw, client) = setup().await;
+    let w = gw.dir.join("workspace");
+    let watch = client
+        .request(
+            "file.watch",
+            json!({"root_id": "main", "path": "", "recursive": true}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(watch["root_id"], "main");
+    assert_eq!(watch["complete"], true);
+    let id = watch["watch"].as_str().unwrap().to_string();
+    let listed = client.request("resource.list", json!({})).await.unwrap();
+    assert_eq!(listed["resources"][0]["id"], id.as_str());
+    assert_eq!(listed["resources"][0]["kind"], "file.watch");
+    assert_eq!(listed["resources"][0]["path"], "/workspace/main");
+
+    // Changes by anyone: on the host, in a subdirectory, in a directory
+    // made after the watch began, and through the gateway.
+    std::fs::write(w.join("new.txt"), "x").unwrap();
+    let event = change_of(&client, "/workspace/main/new.txt")
+        .await
+        .expect("new.txt");
+    assert_eq!(event["kind"], "created");
+    assert_eq!(event["watch"], id.as_str());
+    assert_eq!(event["root_id"], "main");
+    std::fs::write(w.join("sub/inner.txt"), "changed").unwrap();
+    let event = change_of(&client, "/workspace/main/sub/inner.txt")
+        .await
+        .expect("inner");
+    assert_eq!(event["kind"], "modified");
+    std::fs::create_dir(w.join("later")).unwrap();
+    change_of(&client, "/workspace/main/later")
+        .await
+        .expect("later/");
+    std::fs::write(w.join("later/deep.txt"), "x").unwrap();
+    change_of(&client, "/workspace/main/later/deep.txt")
+        .await
+        .expect("later/deep.txt");
+    client
+        .request(
+            "file.delete",
+            json!({"root_id": "main", "path": "victim.txt"}),
+        )
+        .await
+        .unwrap();
+    let event = change_of(&client, "/workspace/main/victim.txt")
+        .await
+        .expect("victim");
+    assert_eq!(event["kind"], "removed");
+
+    // A watch outside any root is refused; one on a file works.
+    let file_watch = client
+        .request("file.watch", json!({"root_id": "main", "path": "new.txt"}))
+        .await
+        .unwrap();
+    std::fs::write(w.join("new.txt"), "y").unwrap();
+    change_of(&client, "/workspace/main/new.txt")
+        .await
+        .expect("the watched file");
+
+    // Disposed: no more events from it, and it is gone from the list.
+    let disposed = client
+        .request("resource.dispose", json!({"id": id}))
+        .await
+        .unwrap();
+    assert_eq!(disposed["disposed"], true);
+    let again = client.request("resource.dispose", json!({"id": id})).await;
+    assert_eq!(code(&again), Some(ErrorCode::NotFound));
+    std::fs::write(w.join("after.txt"), "x").unwrap();
+    let quiet = Duration::from_millis(800);
+    let after = change_within(&client, "/workspace/main/after.txt", quiet).await;
+    assert!(after.is_none(), "an event after dispose: {after:?}");
+    let listed = client.request("resource.list", json!({})).await.unwrap();
+    assert_eq!(listed["resources"].as_array().unwrap().len(), 1, "{listed}");
+
+    // The policy takes `main` away: the file watch on it ends, and the
+    // session is told.
+    gw.write_policy(&policy_without_main(&gw));
+    gw.signal("HUP");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut told = None;
+    while let Some(wait) = deadline.checked_duration_since(tokio::time::Instant::now()) {
+        match client.next_event(wait).await {
+            Some(e) if e.event == "resource.disposed" => {
+                told = Some(e.payload);
+                break;
+            }
+            Some(_) => continue,
+            None => break,
+        }
+    }
+    let told = told.expect("no resource.disposed event");
+    assert_eq!(told["id"], file_watch["watch"]);
+    let listed = client.request("resource.list", json!({})).await.unwrap();
+    assert_eq!(listed["resources"], json!([]));
+
+    // A watch still held when the session ends stops with it.
+    client
+        .request(
+            "file.watch",
+            json!({"root_id": "docs", "path": "", "recursive": true}),
+        )
+        .await
+        .unwrap();
+    assert!(inotify_fds(&gw) > 0, "the watch holds no inotify instance");
+    drop(client);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while inotify_fds(&gw) > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(inotify_fds(&gw), 0, "a watch outlived its session");
+    // 3 watches, 3 lists, 2 disposes, 1 delete.
+    gw.assert_requests_audited(9);
+}
+
+/// inotify instances the gateway process holds open.
+fn inotify_fds(gw: &Gateway) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", gw.pid()))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains("inotify"))
+        .count()
+}
+
+/// The test policy, with `main` no longer granted.
+fn policy_without_main(gw: &Gateway) -> String {
+    let text = std::fs::read_to_string(gw.dir.join("policy.toml")).unwrap();
+    let narrowed = text.replace(r#"main = "rw", "#, "");
+    assert_ne!(narrowed, text);
+    narrowed
 }

@@ -63,7 +63,7 @@ impl Target {
     }
 
     /// Connects; on success remembers an explicitly given gateway key.
-    async fn connect(&self) -> Result<Client, String> {
+    pub async fn connect(&self) -> Result<Client, String> {
         let options = self.options()?;
         let key = options.gateway_key;
         let client = Client::connect(options).await.map_err(|e| e.to_string())?;
@@ -76,7 +76,7 @@ impl Target {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
+pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

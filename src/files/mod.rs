@@ -8,6 +8,8 @@
 
 pub mod confine;
 pub mod ops;
+pub mod search;
+pub mod watch;
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -43,6 +45,8 @@ const METHODS: &[&str] = &[
     "file.delete",
     "file.move",
     "file.copy",
+    "file.search",
+    "file.watch",
 ];
 
 impl Provider for Files {
@@ -147,6 +151,7 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
         stream,
         input,
         usage,
+        resources,
         ..
     } = call;
     match (request.method.as_str(), terms) {
@@ -196,6 +201,34 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
                     })
                     .await
                 }
+                "file.search" => {
+                    let p: search::SearchParams = params(&request)?;
+                    blocking(move || {
+                        search::search(&Root::open(&file)?, &path, p, &stream, &cancel)
+                    })
+                    .await
+                }
+                "file.watch" => {
+                    let p: watch::WatchParams = params(&request)?;
+                    let id = resources.reserve("w")?;
+                    let (events, runtime) = (resources.events(), tokio::runtime::Handle::current());
+                    let watch_id = id.clone();
+                    let (guard, info) = blocking(move || {
+                        let root = Root::open(&file)?;
+                        watch::start(root, &path, p.recursive, &watch_id, events, &runtime)
+                    })
+                    .await?;
+                    resources.add(
+                        id.clone(),
+                        "file.watch",
+                        &request,
+                        info.clone(),
+                        Box::new(guard),
+                    );
+                    let mut result = info;
+                    result["watch"] = json!(id);
+                    Ok(result)
+                }
                 "file.read" => read(file, params(&request)?, stream, usage, cancel).await,
                 "file.write" | "file.append" => {
                     let append = method == "file.append";
@@ -216,9 +249,9 @@ fn unserved(method: &str) -> ErrorBody {
 }
 
 /// Runs a file operation on the blocking pool.
-async fn blocking(
-    op: impl FnOnce() -> Result<Value, FileError> + Send + 'static,
-) -> Result<Value, ErrorBody> {
+async fn blocking<T: Send + 'static>(
+    op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
+) -> Result<T, ErrorBody> {
     match tokio::task::spawn_blocking(op).await {
         Ok(result) => result.map_err(FileError::into_body),
         Err(e) => Err(ErrorBody::new(

@@ -67,7 +67,7 @@ pub fn open_read(root: &Root, path: &str) -> Result<(File, u64), FileError> {
     Ok((File::from(fd), stat.st_size as u64))
 }
 
-fn regular_single_link(stat: &Stat, vpath: &str) -> Result<(), FileError> {
+pub(super) fn regular_single_link(stat: &Stat, vpath: &str) -> Result<(), FileError> {
     match FileType::from_raw_mode(stat.st_mode) {
         FileType::RegularFile => {}
         FileType::Directory => return Err(FileError::Invalid(format!("{vpath}: is a directory"))),
@@ -116,92 +116,136 @@ pub fn list(
 ) -> Result<Value, FileError> {
     let vpath = root.virtual_path(path);
     let dir = root.open_at(path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
-    let mut walk = Walk {
-        root,
-        how,
-        cancel,
-        index: 0,
-        used: 0,
-        entries: Vec::new(),
-        truncated: false,
+    let (mut index, mut used, mut entries, mut truncated) = (0, 0, Vec::new(), false);
+    let tree = Tree {
+        depth: how.depth,
+        hidden: how.hidden,
     };
-    walk.dir(&dir, path, 1)
-        .map_err(|e| FileError::from_errno(e, &vpath))?;
+    tree.walk(root, &dir, path, cancel, &mut |entry| {
+        if index >= how.offset {
+            let mut value = describe(root, entry.path, entry.stat);
+            value["name"] = Value::String(entry.name.to_string());
+            let size = value.to_string().len() + 1;
+            if entries.len() >= how.limit || used + size > how.budget {
+                truncated = true;
+                return Step::Stop;
+            }
+            used += size;
+            entries.push(value);
+        }
+        index += 1;
+        Step::Next
+    })
+    .map_err(|e| FileError::from_errno(e, &vpath))?;
     if cancel.is_cancelled() {
         return Err(FileError::Cancelled);
     }
-    let next = walk.truncated.then_some(walk.index);
+    let next = truncated.then_some(index);
     Ok(json!({
         "path": vpath,
-        "entries": walk.entries,
-        "truncated": walk.truncated,
+        "entries": entries,
+        "truncated": truncated,
         "next_offset": next,
     }))
 }
 
-struct Walk<'a> {
-    root: &'a Root,
-    how: &'a Listing,
-    cancel: &'a CancellationToken,
-    /// Entries seen so far, in listing order (for `offset`).
-    index: usize,
-    used: usize,
-    entries: Vec<Value>,
-    truncated: bool,
+/// One entry a [`Tree::walk`] visits: `name` in the open directory `dir`,
+/// at `path` relative to the root.
+pub struct Entry<'a> {
+    pub dir: &'a OwnedFd,
+    pub name: &'a str,
+    pub path: &'a str,
+    pub stat: &'a Stat,
 }
 
-impl Walk<'_> {
-    fn dir(&mut self, dir: &OwnedFd, rel: &str, depth: usize) -> Result<(), Errno> {
+pub enum Step {
+    Next,
+    /// Go on, but not into this directory.
+    Skip,
+    Stop,
+}
+
+/// A walk of a directory tree: entries sorted by name, depth first, to
+/// `depth` levels (at most [`MAX_DEPTH`]), never through a symlink
+/// whatever the root allows, each directory opened beneath the root.
+pub struct Tree {
+    pub depth: usize,
+    pub hidden: bool,
+}
+
+impl Tree {
+    /// Visits everything under `dir` (which is `rel` in the root) until
+    /// `visit` says stop or `cancel` fires. Entries that vanish meanwhile
+    /// or whose names are not UTF-8 (no virtual path) are passed over.
+    pub fn walk(
+        &self,
+        root: &Root,
+        dir: &OwnedFd,
+        rel: &str,
+        cancel: &CancellationToken,
+        visit: &mut dyn FnMut(&Entry) -> Step,
+    ) -> Result<(), Errno> {
+        self.level(root, dir, rel, 1, cancel, visit).map(drop)
+    }
+
+    /// `Ok(false)` once the walk must stop.
+    fn level(
+        &self,
+        root: &Root,
+        dir: &OwnedFd,
+        rel: &str,
+        depth: usize,
+        cancel: &CancellationToken,
+        visit: &mut dyn FnMut(&Entry) -> Step,
+    ) -> Result<bool, Errno> {
         let mut names: Vec<String> = Vec::new();
         for entry in rustix::fs::Dir::read_from(dir)? {
             let entry = entry?;
             let Ok(name) = entry.file_name().to_str() else {
-                continue; // not addressable as a virtual path
+                continue;
             };
-            if name == "." || name == ".." || (!self.how.hidden && name.starts_with('.')) {
+            if name == "." || name == ".." || (!self.hidden && name.starts_with('.')) {
                 continue;
             }
             names.push(name.to_string());
         }
         names.sort_unstable();
         for name in names {
-            if self.truncated || self.cancel.is_cancelled() {
-                return Ok(());
+            if cancel.is_cancelled() {
+                return Ok(false);
             }
             let Ok(stat) = rustix::fs::statat(dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) else {
-                continue; // removed meanwhile
+                continue;
             };
-            let child = if rel.is_empty() {
+            let path = if rel.is_empty() {
                 name.clone()
             } else {
                 format!("{rel}/{name}")
             };
-            if self.index >= self.how.offset {
-                let mut value = describe(self.root, &child, &stat);
-                value["name"] = Value::String(name.clone());
-                let size = value.to_string().len() + 1;
-                if self.entries.len() >= self.how.limit || self.used + size > self.how.budget {
-                    self.truncated = true;
-                    return Ok(());
-                }
-                self.used += size;
-                self.entries.push(value);
-            }
-            self.index += 1;
-            let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
-            if is_dir && depth < self.how.depth.min(MAX_DEPTH) {
-                // Never descend through a symlink, whatever the root allows.
+            let entry = Entry {
+                dir,
+                name: &name,
+                path: &path,
+                stat: &stat,
+            };
+            let descend = match visit(&entry) {
+                Step::Stop => return Ok(false),
+                Step::Skip => false,
+                Step::Next => FileType::from_raw_mode(stat.st_mode) == FileType::Directory,
+            };
+            if descend && depth < self.depth.min(MAX_DEPTH) {
                 let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
-                if let Ok(sub) = self.root.open_beneath(dir, &name, flags, Mode::empty()) {
-                    self.dir(&sub, &child, depth + 1)?;
+                if let Ok(sub) = root.open_beneath(dir, &name, flags, Mode::empty())
+                    && !self.level(root, &sub, &path, depth + 1, cancel, visit)?
+                {
+                    return Ok(false);
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 }
 
-/// `file.mkdir`; with `parents`, missing parents too and no error if it exists.
 pub fn mkdir(root: &Root, path: &str, parents: bool) -> Result<Value, FileError> {
     let vpath = root.virtual_path(path);
     let errno = |e| FileError::from_errno(e, &vpath);

@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use portcullis_policy::Terms;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::frame::{ErrorBody, ErrorCode, Frame, Request, RequestId, Stream};
 use crate::record::Channel;
+use crate::server::resources::SessionResources;
 
 /// What a session sends, in order, through its bounded outbox. A full
 /// outbox makes producers wait: that is the back-pressure from a slow peer.
@@ -54,6 +55,8 @@ pub struct Call {
     pub input: Option<mpsc::Receiver<Bytes>>,
     /// Bytes in and out, for the audit entry.
     pub usage: Arc<Usage>,
+    /// What the session holds (watches); where a call adds a resource.
+    pub resources: SessionResources,
 }
 
 /// Data a request moved, counted as it moves.
@@ -112,6 +115,18 @@ impl StreamSink {
             .map_err(|_| SessionGone)
     }
 
+    /// [`event`](Self::event) from a blocking thread (a search).
+    pub fn event_blocking(&self, event: &str, data: Value) -> Result<(), SessionGone> {
+        let frame = Frame::Stream(Stream {
+            id: self.id.clone(),
+            event: event.to_string(),
+            data,
+        });
+        self.outbox
+            .blocking_send(Outbound::Frame(frame))
+            .map_err(|_| SessionGone)
+    }
+
     /// Sends a binary chunk (split to fit records by the writer's caller).
     pub async fn chunk(&self, channel: Channel, data: Bytes) -> Result<(), SessionGone> {
         self.usage.add_out(data.len());
@@ -161,7 +176,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new() -> Self {
         let mut dispatcher = Self::default();
-        dispatcher.register(Arc::new(Resources));
+        dispatcher.register(Arc::new(crate::server::resources::Resources));
         dispatcher.register(Arc::new(crate::files::Files));
         dispatcher
     }
@@ -205,20 +220,5 @@ impl Dispatcher {
                 Err(_) => Err(cancelled()),
             },
         }
-    }
-}
-
-/// `resource.*`: the resources a session holds. File watches and persistent
-/// processes become resources when their providers land; until then a
-/// session holds none, and `resource.list` says so.
-struct Resources;
-
-impl Provider for Resources {
-    fn methods(&self) -> &'static [&'static str] {
-        &["resource.list"]
-    }
-
-    fn call(&self, _call: Call) -> Reply {
-        Box::pin(async { Ok(json!({ "resources": [] })) })
     }
 }

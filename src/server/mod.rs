@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod dispatch;
 pub mod query;
+pub mod resources;
 pub mod session;
 pub mod state;
 

@@ -41,6 +41,7 @@ use crate::frame::{
 use crate::record::{self, Channel, Record, RecordError};
 use crate::server::dispatch::{Call, Outbound, Outbox, StreamSink, Usage};
 use crate::server::query::query_for;
+use crate::server::resources::SessionResources;
 use crate::server::state::{Gateway, SessionInfo};
 
 /// Records queued for the writer before producers wait.
@@ -131,6 +132,7 @@ where
         accepted: None,
         granted,
         end_reason: Arc::new(OnceLock::new()),
+        resources: SessionResources::new(outbox.clone()),
     };
     if outbox
         .send(Outbound::Frame(Frame::Hello(hello)))
@@ -139,6 +141,8 @@ where
     {
         session.serve(accepted.reader, started).await;
     }
+    // Watches stop with the session.
+    session.resources.clear();
     drop(session);
     drop(outbox);
     // The writer ends after the close frame, or when the peer stops reading.
@@ -231,6 +235,7 @@ struct Session {
     /// Set when the session ends for a reason other than a `cancel`: the
     /// answer cancelled requests get instead of `cancelled`.
     end_reason: Arc<OnceLock<ErrorBody>>,
+    resources: SessionResources,
 }
 
 /// Where the chunks of one request's input go.
@@ -695,6 +700,7 @@ impl Session {
             cancel,
             input,
             usage: usage.clone(),
+            resources: self.resources.clone(),
         };
         let (gateway, outbox, done, end_reason) = (
             self.gateway.clone(),
@@ -760,6 +766,7 @@ impl Session {
                 true,
             ));
         }
+        self.recheck_resources(&policy, now).await;
         if granted != self.granted {
             let names = granted_names(&granted);
             if let Some(accepted) = &mut self.accepted {
@@ -774,6 +781,22 @@ impl Session {
             .await;
         }
         None
+    }
+
+    /// Disposes of the resources whose creating request the policy no
+    /// longer allows as it did (a watch on a root since taken away).
+    async fn recheck_resources(&self, policy: &Policy, now: jiff::Timestamp) {
+        for (id, request) in self.resources.requests() {
+            let allowed = query_for(&request).is_ok_and(|query| {
+                let decision = decide(policy, &self.principal, &query, now);
+                matches!(decision.verdict, Verdict::Allow)
+            });
+            if !allowed && self.resources.dispose(&id) {
+                info!(session = self.info.id, resource = %id, "resource revoked by the policy");
+                let payload = json!({"id": id, "reason": "the policy no longer allows it"});
+                self.event("resource.disposed", payload).await;
+            }
+        }
     }
 
     /// When the principal or one of its grants next expires.
@@ -826,7 +849,6 @@ const LONG_RUNNING: &[&str] = &[
     "shell.attach",
     "tool.call",
     "script.run",
-    "file.watch",
     "file.search",
 ];
 
