@@ -30,4 +30,6 @@ for target in $(cargo fuzz list); do
   fi
   rm -rf "$work"
 done
+# The path target's fixture (a root with symlinks out of it).
+rm -rf "${TMPDIR:-/tmp}"/portcullis-fuzz-path-*
 exit $status
