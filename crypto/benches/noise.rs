@@ -126,25 +126,6 @@ fn transport(c: &mut Criterion) {
         })
     });
 
-    // Reference: ring's AES-256-GCM (BoringSSL's stitched assembly) on the
-    // same buffer, to show what the AEAD library choice costs.
-    let key = ring::aead::LessSafeKey::new(
-        ring::aead::UnboundKey::new(&ring::aead::AES_256_GCM, &[7; 32]).unwrap(),
-    );
-    let mut counter = 0u64;
-    group.bench_function("seal_ring_reference", |b| {
-        b.iter(|| {
-            buf.clear();
-            buf.extend_from_slice(&plaintext);
-            counter += 1;
-            let mut nonce = [0u8; 12];
-            nonce[4..].copy_from_slice(&counter.to_be_bytes());
-            let nonce = ring::aead::Nonce::assume_unique_for_key(nonce);
-            key.seal_in_place_append_tag(nonce, ring::aead::Aad::empty(), &mut buf)
-                .unwrap();
-            black_box(&buf);
-        })
-    });
     group.finish();
 }
 

@@ -1,9 +1,13 @@
 //! Noise `CipherState` (revision 34, §5.1) for AESGCM: a key and a 64-bit
 //! message counter that is the implicit nonce.
+//!
+//! The AEAD is ring's (BoringSSL's AES-NI/VAES and CLMUL assembly): on the
+//! development machine it seals 64 KiB records about three times as fast
+//! as RustCrypto's `aes-gcm`, and AES-GCM was a third of the CPU time of a
+//! file transfer. ring does not zeroize its expanded key schedule when a
+//! key is dropped; the 32 key bytes we hold are.
 
-use aes_gcm::aead::Nonce;
-use aes_gcm::aead::{AeadInOut, KeyInit};
-use aes_gcm::{Aes256Gcm, Tag};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 
 use crate::{Error, TAG_LEN};
 
@@ -12,14 +16,14 @@ use crate::{Error, TAG_LEN};
 const RESERVED_NONCE: u64 = u64::MAX;
 
 pub(crate) struct CipherState {
-    aead: Aes256Gcm,
+    aead: LessSafeKey,
     n: u64,
 }
 
 impl CipherState {
     pub(crate) fn new(key: &[u8; 32]) -> Self {
         Self {
-            aead: Aes256Gcm::new(key.into()),
+            aead: aes_256_gcm(key),
             n: 0,
         }
     }
@@ -47,13 +51,13 @@ impl CipherState {
         }
         let tag = self
             .aead
-            .encrypt_inout_detached(&nonce_bytes(self.n), ad, buf[start..].as_mut().into())
+            .seal_in_place_separate_tag(nonce(self.n), Aad::from(ad), &mut buf[start..])
             // AES-GCM only fails for inputs of 2^36 bytes, far beyond any message here.
             .map_err(|_| Error::PayloadTooLarge {
                 len: buf.len() - start,
                 max: crate::MAX_PLAINTEXT_LEN,
             })?;
-        buf.extend_from_slice(&tag);
+        buf.extend_from_slice(tag.as_ref());
         self.n += 1;
         Ok(())
     }
@@ -78,10 +82,8 @@ impl CipherState {
             });
         }
         let body_end = buf.len() - TAG_LEN;
-        let (body, tag) = buf[start..].split_at_mut(len - TAG_LEN);
-        let tag = Tag::try_from(&*tag).map_err(|_| Error::Decrypt)?;
         self.aead
-            .decrypt_inout_detached(&nonce_bytes(self.n), ad, body.into(), &tag)
+            .open_in_place(nonce(self.n), Aad::from(ad), &mut buf[start..])
             .map_err(|_| Error::Decrypt)?;
         buf.truncate(body_end);
         self.n += 1;
@@ -96,23 +98,27 @@ impl CipherState {
         // the zero key would be wrong, so fall back to failing every message.
         if self
             .aead
-            .encrypt_inout_detached(
-                &nonce_bytes(RESERVED_NONCE),
-                &[],
-                new_key.as_mut_slice().into(),
-            )
+            .seal_in_place_separate_tag(nonce(RESERVED_NONCE), Aad::empty(), &mut new_key[..])
             .is_err()
         {
             self.n = RESERVED_NONCE;
             return;
         }
-        self.aead = Aes256Gcm::new((&*new_key).into());
+        self.aead = aes_256_gcm(&new_key);
     }
 }
 
+fn aes_256_gcm(key: &[u8; 32]) -> LessSafeKey {
+    // ring refuses only a key of the wrong length, and this one is 32 bytes.
+    let key = UnboundKey::new(&AES_256_GCM, key).expect("AES-256 takes a 32-byte key");
+    LessSafeKey::new(key)
+}
+
 /// AESGCM nonce encoding (§12.3): 32 zero bits, then the counter big-endian.
-fn nonce_bytes(n: u64) -> Nonce<Aes256Gcm> {
+/// Each counter value is used once per key: the state advances it after
+/// every message and rekeys before it could wrap.
+fn nonce(n: u64) -> Nonce {
     let mut nonce = [0u8; 12];
     nonce[4..].copy_from_slice(&n.to_be_bytes());
-    nonce.into()
+    Nonce::assume_unique_for_key(nonce)
 }
