@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use portcullis_crypto::{PublicKey, StaticKeypair};
 use serde_json::{Map, Value, json};
 use thiserror::Error;
@@ -91,7 +92,7 @@ pub enum ClientError {
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamItem {
     Stream { event: String, data: Value },
-    Chunk { channel: Channel, data: Vec<u8> },
+    Chunk { channel: Channel, data: Bytes },
 }
 
 struct Pending {
@@ -218,7 +219,7 @@ impl Client {
             let reason = loop {
                 match reader.recv().await {
                     Ok(plaintext) => {
-                        route(&plaintext, &reader_shared, &events_tx, &reader_outbox).await
+                        route(plaintext, &reader_shared, &events_tx, &reader_outbox).await
                     }
                     Err(e) => break e.to_string(),
                 }
@@ -453,13 +454,15 @@ impl RequestHandle<'_> {
 }
 
 async fn route(
-    plaintext: &[u8],
+    plaintext: Vec<u8>,
     shared: &Mutex<Shared>,
     events: &mpsc::Sender<Event>,
     outbox: &mpsc::Sender<Vec<u8>>,
 ) {
     let lock = || shared.lock().ok();
-    match record::decode(plaintext) {
+    // A chunk's data is handed on as a slice of the record, not copied.
+    let plaintext = Bytes::from(plaintext);
+    match record::decode(&plaintext) {
         Ok(Record::Frame(Frame::Response(response))) => {
             if let Some(pending) = lock().and_then(|mut s| s.pending.remove(&response.id)) {
                 let _ = pending.response.send(response);
@@ -484,7 +487,7 @@ async fn route(
                 let _ = sender
                     .send(StreamItem::Chunk {
                         channel: chunk.channel,
-                        data: chunk.data.to_vec(),
+                        data: plaintext.slice_ref(chunk.data),
                     })
                     .await;
             }

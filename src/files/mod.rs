@@ -406,7 +406,7 @@ async fn write(
             Box::new(AtomicFile::create(&root, &file.path, p.create_parents)?)
         };
         match inline {
-            Some(data) => sink.put(&data)?,
+            Some(data) => sink.put(Bytes::from(data))?,
             None => {
                 let Some(input) = input.as_mut() else {
                     return Err(FileError::Io("the upload has no input".into()));
@@ -423,7 +423,7 @@ async fn write(
                     {
                         return Err(too_long(&vpath, p.size));
                     }
-                    sink.put(&chunk)?;
+                    sink.put(chunk)?;
                 }
                 if let Some(size) = p.size
                     && sink.size() != size
@@ -449,13 +449,13 @@ fn too_long(vpath: &str, size: Option<u64>) -> FileError {
 
 /// Where a write's bytes go: an atomic replacement or an append.
 trait Sink {
-    fn put(&mut self, data: &[u8]) -> Result<(), FileError>;
+    fn put(&mut self, data: Bytes) -> Result<(), FileError>;
     fn size(&self) -> u64;
     fn finish(self: Box<Self>) -> Result<Value, FileError>;
 }
 
 impl Sink for AtomicFile {
-    fn put(&mut self, data: &[u8]) -> Result<(), FileError> {
+    fn put(&mut self, data: Bytes) -> Result<(), FileError> {
         self.write(data)
     }
 
@@ -471,7 +471,7 @@ impl Sink for AtomicFile {
 struct Appender {
     file: std::fs::File,
     vpath: String,
-    hasher: Sha256,
+    hash: ops::HashPipe,
     size: u64,
 }
 
@@ -480,18 +480,21 @@ impl Appender {
         Ok(Self {
             file: ops::open_append(root, path)?,
             vpath: root.virtual_path(path),
-            hasher: Sha256::new(),
+            hash: ops::HashPipe::start()?,
             size: 0,
         })
     }
 }
 
 impl Sink for Appender {
-    fn put(&mut self, data: &[u8]) -> Result<(), FileError> {
+    fn put(&mut self, data: Bytes) -> Result<(), FileError> {
         use std::io::Write as _;
-        self.file.write_all(data)?;
-        self.hasher.update(data);
+        let vpath = &self.vpath;
+        self.file
+            .write_all(&data)
+            .map_err(|e| ops::io_error(vpath, e))?;
         self.size += data.len() as u64;
+        self.hash.update(data);
         Ok(())
     }
 
@@ -500,8 +503,9 @@ impl Sink for Appender {
     }
 
     fn finish(self: Box<Self>) -> Result<Value, FileError> {
-        self.file.sync_data()?;
-        let sha256 = ops::hex(&self.hasher.finalize());
+        let vpath = &self.vpath;
+        self.file.sync_data().map_err(|e| ops::io_error(vpath, e))?;
+        let sha256 = self.hash.finish()?;
         Ok(json!({ "path": self.vpath, "appended": self.size, "sha256": sha256 }))
     }
 }

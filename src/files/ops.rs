@@ -5,8 +5,8 @@
 use std::fs::File;
 use std::io::Write as _;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::FileExt as _;
 
+use bytes::Bytes;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat};
 use rustix::io::Errno;
 use serde_json::{Value, json};
@@ -83,18 +83,14 @@ pub(super) fn regular_single_link(stat: &Stat, vpath: &str) -> Result<(), FileEr
 }
 
 /// Reads up to `want` bytes at `offset`, stopping short at end of file.
+/// (`read_to_end` fills the buffer's spare capacity without zeroing it
+/// first, which a 1 GiB download would otherwise pay for once more.)
 pub fn read_at(file: &File, offset: u64, want: usize) -> Result<Vec<u8>, FileError> {
-    let mut buf = vec![0; want];
-    let mut filled = 0;
-    while filled < want {
-        match file.read_at(&mut buf[filled..], offset + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    buf.truncate(filled);
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut buf = Vec::with_capacity(want);
+    let mut file = file;
+    file.seek(SeekFrom::Start(offset))?;
+    file.take(want as u64).read_to_end(&mut buf)?;
     Ok(buf)
 }
 
@@ -391,7 +387,7 @@ pub struct AtomicFile {
     name: String,
     vpath: String,
     file: File,
-    hasher: Sha256,
+    hash: Option<HashPipe>,
     size: u64,
     committed: bool,
     /// Whether committing may replace an existing file.
@@ -457,17 +453,19 @@ impl AtomicFile {
             name,
             vpath,
             file: File::from(fd),
-            hasher: Sha256::new(),
+            hash: Some(HashPipe::start()?),
             size: 0,
             committed: false,
             replace: true,
         })
     }
 
-    pub fn write(&mut self, data: &[u8]) -> Result<(), FileError> {
-        self.file.write_all(data).map_err(|e| self.io(e))?;
-        self.hasher.update(data);
+    pub fn write(&mut self, data: Bytes) -> Result<(), FileError> {
+        self.file.write_all(&data).map_err(|e| self.io(e))?;
         self.size += data.len() as u64;
+        if let Some(hash) = &self.hash {
+            hash.update(data);
+        }
         Ok(())
     }
 
@@ -476,10 +474,7 @@ impl AtomicFile {
     }
 
     fn io(&self, e: std::io::Error) -> FileError {
-        match FileError::from(e) {
-            FileError::Io(m) => FileError::Io(format!("{}{m}", self.vpath)),
-            other => other,
-        }
+        io_error(&self.vpath, e)
     }
 
     /// fsync, rename over the target, fsync the directory. Returns the
@@ -496,7 +491,7 @@ impl AtomicFile {
             .map_err(|e| FileError::from_errno(e, &self.vpath))?;
         self.committed = true;
         let _ = rustix::fs::fsync(&self.dir);
-        let sha256 = hex(&std::mem::take(&mut self.hasher).finalize());
+        let sha256 = self.hash.take().map(HashPipe::finish).transpose()?;
         Ok(json!({ "path": self.vpath, "size": self.size, "sha256": sha256 }))
     }
 }
@@ -556,11 +551,60 @@ pub fn copy(
             break;
         }
         offset += block.len() as u64;
-        target.write(&block)?;
+        target.write(Bytes::from(block))?;
     }
     let mut result = target.commit()?;
     result["from_path"] = Value::String(from_root.virtual_path(from));
     Ok(result)
+}
+
+/// An I/O error while working on `vpath`, named so.
+pub fn io_error(vpath: &str, e: std::io::Error) -> FileError {
+    FileError::from_errno(Errno::from_io_error(&e).unwrap_or(Errno::IO), vpath)
+}
+
+/// SHA-256 of data as it is written, computed on a thread of its own so
+/// that hashing overlaps writing: each is a large share of an upload's CPU
+/// time, and together on one thread they set its pace.
+pub struct HashPipe {
+    tx: Option<std::sync::mpsc::SyncSender<Bytes>>,
+    thread: Option<std::thread::JoinHandle<String>>,
+}
+
+impl HashPipe {
+    pub fn start() -> Result<Self, FileError> {
+        // 16 chunks of at most a record each: the memory it may hold.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Bytes>(16);
+        let thread = std::thread::Builder::new()
+            .name("portcullis-sha256".into())
+            .spawn(move || {
+                let mut hasher = Sha256::new();
+                for data in rx {
+                    hasher.update(&data);
+                }
+                hex(&hasher.finalize())
+            })
+            .map_err(|e| FileError::Io(format!("cannot start hashing: {e}")))?;
+        Ok(Self {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn update(&self, data: Bytes) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(data);
+        }
+    }
+
+    /// The hex digest of everything sent.
+    pub fn finish(mut self) -> Result<String, FileError> {
+        drop(self.tx.take());
+        let thread = self.thread.take();
+        thread
+            .and_then(|thread| thread.join().ok())
+            .ok_or_else(|| FileError::Io("hashing the data failed".into()))
+    }
 }
 
 pub fn hex(bytes: &[u8]) -> String {

@@ -333,7 +333,7 @@ impl Session {
                     }
                     Ok(Ok(plaintext)) => {
                         pinged = false;
-                        self.handle_record(&plaintext, &done_tx, draining.is_some()).await;
+                        self.handle_record(plaintext, &done_tx, draining.is_some()).await;
                     }
                 },
             }
@@ -399,11 +399,13 @@ impl Session {
 
     async fn handle_record(
         &mut self,
-        plaintext: &[u8],
+        plaintext: Vec<u8>,
         done: &mpsc::UnboundedSender<RequestId>,
         draining: bool,
     ) {
-        match record::decode(plaintext) {
+        // Chunk data travels on as a slice of the record, not a copy.
+        let plaintext = Bytes::from(plaintext);
+        match record::decode(&plaintext) {
             Ok(Record::Frame(Frame::Request(request))) => {
                 self.handle_request(request, done, draining).await
             }
@@ -419,7 +421,10 @@ impl Session {
                 self.accept(&event.payload).await
             }
             Ok(Record::Frame(other)) => debug!(session = self.info.id, "ignored frame: {other:?}"),
-            Ok(Record::Chunk(chunk)) => self.route_chunk(chunk).await,
+            Ok(Record::Chunk(chunk)) => {
+                let data = plaintext.slice_ref(chunk.data);
+                self.route_chunk(chunk, data).await
+            }
             Err(e) => {
                 let json = plaintext.get(1..).unwrap_or_default();
                 let salvaged =
@@ -451,7 +456,7 @@ impl Session {
 
     /// Hands a chunk to the request whose input it is. Waiting here while
     /// that request's queue is full is the back-pressure on the uploader.
-    async fn route_chunk(&mut self, chunk: record::Chunk<'_>) {
+    async fn route_chunk(&mut self, chunk: record::Chunk<'_>, data: Bytes) {
         let problem = match self.inputs.get(chunk.request_id) {
             None => format!("no request `{}` takes binary input", chunk.request_id),
             Some(route) if route.channel != chunk.channel => format!(
@@ -463,7 +468,7 @@ impl Session {
                 let end = chunk.data.is_empty();
                 // A closed queue means the request already ended; its
                 // response says how.
-                let _ = route.tx.send(Bytes::copy_from_slice(chunk.data)).await;
+                let _ = route.tx.send(data).await;
                 if end {
                     self.inputs.remove(chunk.request_id);
                 }
