@@ -165,9 +165,12 @@ fileops = {{ main = "rw" }}
             home.join("up.bin").to_str().unwrap(),
             "main:dir/up.bin",
             "--json",
+            "--progress",
         ],
     );
     ok(&put);
+    // Progress goes to stderr (a terminal would see it redrawn in place).
+    assert!(text(&put.stderr).contains("/ 3.0 MiB"), "{}", text(&put.stderr));
     let result: serde_json::Value = serde_json::from_slice(&put.stdout).unwrap();
     assert_eq!(result["size"], data.len());
     assert_eq!(

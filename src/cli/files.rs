@@ -63,6 +63,10 @@ pub struct Get {
     /// Where to write it [default: its name, in the current directory].
     /// Written to a temporary name and renamed once the sha256 matches.
     local: Option<PathBuf>,
+    /// fsync the file before renaming it into place (as rsync --fsync);
+    /// off by default, like scp and rsync.
+    #[arg(long)]
+    fsync: bool,
     /// Show progress on stderr (the default when stderr is a terminal).
     #[arg(long)]
     progress: bool,
@@ -225,8 +229,10 @@ pub fn get(args: Get) -> ExitCode {
             .download(root, path, &mut file, &mut |n| meter.update(n))
             .await;
         let finished = result.map_err(request_error).and_then(|result| {
-            file.sync_all()
-                .map_err(|e| format!("{}: {e}", partial.display()))?;
+            if args.fsync {
+                file.sync_all()
+                    .map_err(|e| format!("{}: {e}", partial.display()))?;
+            }
             std::fs::rename(&partial, &local).map_err(|e| format!("{}: {e}", local.display()))?;
             Ok(result)
         });
