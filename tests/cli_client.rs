@@ -170,7 +170,11 @@ fileops = {{ main = "rw" }}
     );
     ok(&put);
     // Progress goes to stderr (a terminal would see it redrawn in place).
-    assert!(text(&put.stderr).contains("/ 3.0 MiB"), "{}", text(&put.stderr));
+    assert!(
+        text(&put.stderr).contains("/ 3.0 MiB"),
+        "{}",
+        text(&put.stderr)
+    );
     let result: serde_json::Value = serde_json::from_slice(&put.stdout).unwrap();
     assert_eq!(result["size"], data.len());
     assert_eq!(

@@ -986,6 +986,19 @@ async fn a_watch_reports_changes_until_disposed_or_revoked() {
     change_of(&client, "/workspace/main/new.txt")
         .await
         .expect("the watched file");
+    // Two watches over one directory both hear of its changes.
+    let sub_watch = client
+        .request("file.watch", json!({"root_id": "main", "path": "sub"}))
+        .await
+        .unwrap();
+    std::fs::write(w.join("sub/inner.txt"), "twice").unwrap();
+    let mut heard = Vec::new();
+    for _ in 0..2 {
+        let event = change_of(&client, "/workspace/main/sub/inner.txt").await;
+        heard.push(event.expect("inner.txt, twice")["watch"].clone());
+    }
+    heard.sort_by_key(|w| w.to_string());
+    assert_eq!(heard, [json!(id), sub_watch["watch"].clone()], "w1 < w3");
 
     // Disposed: no more events from it, and it is gone from the list.
     let disposed = client
@@ -1000,26 +1013,38 @@ async fn a_watch_reports_changes_until_disposed_or_revoked() {
     let after = change_within(&client, "/workspace/main/after.txt", quiet).await;
     assert!(after.is_none(), "an event after dispose: {after:?}");
     let listed = client.request("resource.list", json!({})).await.unwrap();
-    assert_eq!(listed["resources"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["resources"].as_array().unwrap().len(), 2, "{listed}");
+    // The other watch on `sub` still works.
+    std::fs::write(w.join("sub/inner.txt"), "thrice").unwrap();
+    let event = change_of(&client, "/workspace/main/sub/inner.txt").await;
+    assert_eq!(
+        event.expect("after the dispose")["watch"],
+        sub_watch["watch"]
+    );
 
-    // The policy takes `main` away: the file watch on it ends, and the
-    // session is told.
+    // The policy takes `main` away: the watches on it end, and the session
+    // is told.
     gw.write_policy(&policy_without_main(&gw));
     gw.signal("HUP");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let mut told = None;
+    let mut told = Vec::new();
     while let Some(wait) = deadline.checked_duration_since(tokio::time::Instant::now()) {
         match client.next_event(wait).await {
             Some(e) if e.event == "resource.disposed" => {
-                told = Some(e.payload);
-                break;
+                told.push(e.payload["id"].clone());
+                if told.len() == 2 {
+                    break;
+                }
             }
             Some(_) => continue,
             None => break,
         }
     }
-    let told = told.expect("no resource.disposed event");
-    assert_eq!(told["id"], file_watch["watch"]);
+    told.sort_by_key(|w| w.to_string());
+    assert_eq!(
+        told,
+        [file_watch["watch"].clone(), sub_watch["watch"].clone()]
+    );
     let listed = client.request("resource.list", json!({})).await.unwrap();
     assert_eq!(listed["resources"], json!([]));
 
@@ -1031,24 +1056,35 @@ async fn a_watch_reports_changes_until_disposed_or_revoked() {
         )
         .await
         .unwrap();
-    assert!(inotify_fds(&gw) > 0, "the watch holds no inotify instance");
+    assert!(inotify_watches(&gw) > 0, "the watch holds no inotify watch");
     drop(client);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while inotify_fds(&gw) > 0 && std::time::Instant::now() < deadline {
+    while inotify_watches(&gw) > 0 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(inotify_fds(&gw), 0, "a watch outlived its session");
-    // 3 watches, 3 lists, 2 disposes, 1 delete.
-    gw.assert_requests_audited(9);
+    assert_eq!(inotify_watches(&gw), 0, "a watch outlived its session");
+    // 4 watches, 3 lists, 2 disposes, 1 delete.
+    gw.assert_requests_audited(10);
 }
 
-/// inotify instances the gateway process holds open.
-fn inotify_fds(gw: &Gateway) -> usize {
-    std::fs::read_dir(format!("/proc/{}/fd", gw.pid()))
+/// inotify watches the gateway process holds (the daemon keeps one
+/// inotify instance; each watched directory is one `wd` in its fdinfo).
+fn inotify_watches(gw: &Gateway) -> usize {
+    let pid = gw.pid();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
-        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
-        .filter(|target| target.to_string_lossy().contains("inotify"))
-        .count()
+        .filter_map(|fd| {
+            let fd = fd.ok()?;
+            let target = std::fs::read_link(fd.path()).ok()?;
+            target.to_string_lossy().contains("inotify").then(|| {
+                let info = format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy());
+                let info = std::fs::read_to_string(info).unwrap_or_default();
+                info.lines()
+                    .filter(|l| l.starts_with("inotify wd:"))
+                    .count()
+            })
+        })
+        .sum()
 }
 
 /// The test policy, with `main` no longer granted.

@@ -321,21 +321,20 @@ pub fn stat(args: Stat) -> ExitCode {
 }
 
 pub fn rm(args: Rm) -> ExitCode {
-    with_client(&args.target, async |client| {
-        let params = args.remote.params(json!({"recursive": args.recursive}));
-        client
-            .request("file.delete", params)
-            .await
-            .map_err(request_error)?;
-        Ok(ExitCode::SUCCESS)
-    })
+    let params = args.remote.params(json!({"recursive": args.recursive}));
+    quietly(&args.target, "file.delete", params)
 }
 
 pub fn mkdir(args: Mkdir) -> ExitCode {
-    with_client(&args.target, async |client| {
-        let params = args.remote.params(json!({"parents": args.parents}));
+    let params = args.remote.params(json!({"parents": args.parents}));
+    quietly(&args.target, "file.mkdir", params)
+}
+
+/// One request whose success needs no output.
+fn quietly(target: &Target, method: &str, params: Value) -> ExitCode {
+    with_client(target, async |client| {
         client
-            .request("file.mkdir", params)
+            .request(method, params)
             .await
             .map_err(request_error)?;
         Ok(ExitCode::SUCCESS)

@@ -12,11 +12,16 @@
 //! file is one event) and go out as `file.changed` events; what does not fit
 //! is counted and reported as `file.watch_overflow`, after which a client
 //! should list again. A slow client therefore costs at most the map.
+//!
+//! The whole daemon shares one notify watcher (one inotify instance and
+//! thread, the [`Hub`]): a host allows few instances per user (128 by
+//! default), and the directories watched are capped daemon-wide, so no
+//! client can use up the host's inotify resources.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use notify::event::{ModifyKind, RenameMode};
@@ -33,6 +38,8 @@ use crate::server::resources::EventSink;
 /// Directories one recursive watch follows; beyond it the watch reports
 /// itself incomplete and overflows.
 pub const MAX_DIRS: usize = 1024;
+/// Directories and files watched by the whole daemon.
+pub const MAX_WATCHED_TOTAL: usize = 16 * 1024;
 /// Distinct changed paths held for a slow client before counting drops.
 pub const MAX_PENDING: usize = 1024;
 /// How long changes gather before they are sent, so a burst coalesces.
@@ -67,15 +74,8 @@ pub fn start(
         super::ops::regular_single_link(&stat, &vpath)?;
     }
     let shared = Arc::new(Shared::default());
-    let handler = {
-        let shared = shared.clone();
-        move |event: notify::Result<notify::Event>| shared.record(event)
-    };
-    let watcher = RecommendedWatcher::new(handler, notify::Config::default())
-        .map_err(|e| FileError::Io(format!("{vpath}: cannot watch: {e}")))?;
     let mut tracker = Tracker {
         root,
-        watcher,
         shared: shared.clone(),
         by_path: HashMap::new(),
         recursive: recursive && is_dir,
@@ -104,11 +104,190 @@ pub fn start(
     Ok((cancel.drop_guard(), info))
 }
 
-/// Filled by notify's thread, drained by the forwarding task.
+/// The daemon's one notify watcher, and which watches each watched inode
+/// belongs to. inotify gives one watch per inode per instance, so two
+/// watches that cover the same directory share it here, counted; the hub
+/// holds its own duplicate of the descriptor, so the `/proc/self/fd/N`
+/// notify knows the inode by cannot be reused while it is watched.
+struct Hub {
+    watcher: Mutex<Option<RecommendedWatcher>>,
+    state: Mutex<HubState>,
+}
+
+#[derive(Default)]
+struct HubState {
+    by_inode: HashMap<Inode, Watched>,
+    /// The hub's descriptor number for each watched inode.
+    by_fd: HashMap<i32, Inode>,
+    routes: usize,
+    next_token: u64,
+}
+
+type Inode = (u64, u64);
+
+struct Watched {
+    fd: OwnedFd,
+    routes: Vec<(u64, Route)>,
+}
+
+/// Where changes under one watched inode go for one watch.
+struct Route {
+    shared: Arc<Shared>,
+    /// The directory (or file) it is, relative to that watch's root.
+    rel: String,
+}
+
+/// A route's place in the hub, to remove it again.
+struct Ticket {
+    inode: Inode,
+    token: u64,
+}
+
+fn hub() -> &'static Hub {
+    static HUB: OnceLock<Hub> = OnceLock::new();
+    HUB.get_or_init(|| Hub {
+        watcher: Mutex::new(None),
+        state: Mutex::new(HubState::default()),
+    })
+}
+
+impl Hub {
+    /// Watches the inode `fd` (opened beneath a root) is, for `route`.
+    /// Fails when the daemon-wide cap is reached or inotify refuses.
+    fn watch(&self, fd: &OwnedFd, route: Route) -> Result<Ticket, String> {
+        let stat = rustix::fs::fstat(fd).map_err(|e| e.to_string())?;
+        let inode = (stat.st_dev, stat.st_ino);
+        let (token, new_fd) = {
+            let mut state = lock(&self.state);
+            if state.routes >= MAX_WATCHED_TOTAL {
+                return Err(format!(
+                    "the gateway watches {MAX_WATCHED_TOTAL} paths already"
+                ));
+            }
+            state.next_token += 1;
+            let token = state.next_token;
+            state.routes += 1;
+            match state.by_inode.get_mut(&inode) {
+                Some(watched) => {
+                    watched.routes.push((token, route));
+                    (token, None)
+                }
+                None => {
+                    let own = fd.try_clone().map_err(|e| e.to_string())?;
+                    let n = own.as_raw_fd();
+                    state.by_fd.insert(n, inode);
+                    let routes = vec![(token, route)];
+                    state.by_inode.insert(inode, Watched { fd: own, routes });
+                    (token, Some(n))
+                }
+            }
+        };
+        let ticket = Ticket { inode, token };
+        let Some(n) = new_fd else {
+            return Ok(ticket);
+        };
+        // The state is not locked here: notify's thread takes that lock to
+        // deliver events while this call waits for it.
+        let mut watcher = lock(&self.watcher);
+        let result = match &mut *watcher {
+            Some(watcher) => Ok(watcher),
+            None => {
+                RecommendedWatcher::new(|event| hub().deliver(event), notify::Config::default())
+                    .map(|w| watcher.insert(w))
+            }
+        }
+        .and_then(|w| w.watch(Path::new(&link(n)), RecursiveMode::NonRecursive));
+        drop(watcher);
+        match result {
+            Ok(()) => Ok(ticket),
+            Err(e) => {
+                self.unwatch(&ticket);
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Removes one route; the inode stops being watched with its last.
+    fn unwatch(&self, ticket: &Ticket) {
+        let unwatched = {
+            let mut state = lock(&self.state);
+            let Some(watched) = state.by_inode.get_mut(&ticket.inode) else {
+                return;
+            };
+            let before = watched.routes.len();
+            watched.routes.retain(|(token, _)| *token != ticket.token);
+            let removed = before - watched.routes.len();
+            let last = watched.routes.is_empty();
+            state.routes -= removed;
+            if !last {
+                return;
+            }
+            let Some(watched) = state.by_inode.remove(&ticket.inode) else {
+                return;
+            };
+            state.by_fd.remove(&watched.fd.as_raw_fd());
+            watched.fd
+        };
+        if let Some(watcher) = &mut *lock(&self.watcher) {
+            let _ = watcher.unwatch(Path::new(&link(unwatched.as_raw_fd())));
+        }
+        // `unwatched` closes here, after notify has forgotten its number.
+    }
+
+    /// On notify's thread: each change to every watch its inode is in.
+    fn deliver(&self, event: notify::Result<notify::Event>) {
+        let state = lock(&self.state);
+        let event = match event {
+            Ok(event) if !event.need_rescan() => event,
+            // The kernel's queue overflowed, or notify failed: changes were
+            // lost, and nobody can tell whose; every watch must hear so.
+            _ => {
+                let all = state.by_inode.values().flat_map(|w| &w.routes);
+                for (_, route) in all {
+                    route.shared.lost(1);
+                }
+                return;
+            }
+        };
+        let Some(kind) = kind_name(&event.kind) else {
+            return;
+        };
+        for path in &event.paths {
+            let Some((n, name)) = split_link(path) else {
+                continue;
+            };
+            let watched = state.by_fd.get(&n).and_then(|i| state.by_inode.get(i));
+            for (_, route) in watched.into_iter().flat_map(|w| &w.routes) {
+                route.shared.push(join(&route.rel, name), kind);
+            }
+        }
+    }
+}
+
+fn link(fd: i32) -> String {
+    format!("{PROC_FD}{fd}")
+}
+
+/// `/proc/self/fd/N/name` → (N, "name"); `/proc/self/fd/N` → (N, "").
+/// Names that are not UTF-8 have no virtual path and are passed over.
+fn split_link(path: &Path) -> Option<(i32, &str)> {
+    let rest = path.to_str()?.strip_prefix(PROC_FD)?;
+    let (fd, name) = rest.split_once('/').unwrap_or((rest, ""));
+    Some((fd.parse().ok()?, name))
+}
+
+fn join(dir: &str, name: &str) -> String {
+    match (dir.is_empty(), name.is_empty()) {
+        (_, true) => dir.to_string(),
+        (true, false) => name.to_string(),
+        (false, false) => format!("{dir}/{name}"),
+    }
+}
+
+/// One watch's changes: filled by notify's thread, drained by the
+/// forwarding task.
 #[derive(Default)]
 struct Shared {
-    /// fd number → the path (relative to the root) it watches.
-    dirs: Mutex<HashMap<i32, String>>,
     pending: Mutex<Pending>,
     wake: tokio::sync::Notify,
 }
@@ -124,48 +303,23 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn record(&self, event: notify::Result<notify::Event>) {
-        let event = match event {
-            Ok(event) if !event.need_rescan() => event,
-            // The kernel's queue overflowed, or notify failed: changes
-            // were lost, and the client must hear so.
-            _ => {
-                lock(&self.pending).dropped += 1;
-                self.wake.notify_one();
-                return;
-            }
-        };
-        let Some(kind) = kind_name(&event.kind) else {
-            return;
-        };
-        for path in &event.paths {
-            let Some(rel) = self.relative(path) else {
-                continue;
-            };
-            let mut pending = lock(&self.pending);
-            let full = pending.changes.len() >= MAX_PENDING;
-            match pending.changes.get_mut(&rel) {
-                Some(seen) => *seen = coalesce(seen, kind),
-                None if full => pending.dropped += 1,
-                None => {
-                    pending.changes.insert(rel, kind);
-                }
+    fn push(&self, rel: String, kind: &'static str) {
+        let mut pending = lock(&self.pending);
+        let full = pending.changes.len() >= MAX_PENDING;
+        match pending.changes.get_mut(&rel) {
+            Some(seen) => *seen = coalesce(seen, kind),
+            None if full => pending.dropped += 1,
+            None => {
+                pending.changes.insert(rel, kind);
             }
         }
+        drop(pending);
         self.wake.notify_one();
     }
 
-    /// `/proc/self/fd/N/name` → the path relative to the root. Names that
-    /// are not UTF-8 have no virtual path and are passed over.
-    fn relative(&self, path: &Path) -> Option<String> {
-        let rest = path.to_str()?.strip_prefix(PROC_FD)?;
-        let (fd, name) = rest.split_once('/').unwrap_or((rest, ""));
-        let dir = lock(&self.dirs).get(&fd.parse().ok()?)?.clone();
-        Some(match (dir.is_empty(), name.is_empty()) {
-            (_, true) => dir,
-            (true, false) => name.to_string(),
-            (false, false) => format!("{dir}/{name}"),
-        })
+    fn lost(&self, n: u64) {
+        lock(&self.pending).dropped += n;
+        self.wake.notify_one();
     }
 
     fn take(&self) -> Pending {
@@ -196,30 +350,32 @@ fn coalesce(seen: &'static str, new: &'static str) -> &'static str {
     }
 }
 
-/// The watcher and the directories it holds open.
+/// One watch's directories, held open while they are watched.
 struct Tracker {
     root: Root,
-    watcher: RecommendedWatcher,
     shared: Arc<Shared>,
-    by_path: HashMap<String, OwnedFd>,
+    by_path: HashMap<String, Ticket>,
     recursive: bool,
     complete: bool,
 }
 
 impl Tracker {
     fn watch(&mut self, fd: OwnedFd, rel: &str) -> Result<(), FileError> {
-        let link = format!("{PROC_FD}{}", fd.as_raw_fd());
-        lock(&self.shared.dirs).insert(fd.as_raw_fd(), rel.to_string());
-        if let Err(e) = self
-            .watcher
-            .watch(Path::new(&link), RecursiveMode::NonRecursive)
-        {
-            lock(&self.shared.dirs).remove(&fd.as_raw_fd());
-            let vpath = self.root.virtual_path(rel);
-            return Err(FileError::Io(format!("{vpath}: cannot watch: {e}")));
+        let route = Route {
+            shared: self.shared.clone(),
+            rel: rel.to_string(),
+        };
+        match hub().watch(&fd, route) {
+            Ok(ticket) => {
+                self.by_path.insert(rel.to_string(), ticket);
+                Ok(())
+            }
+            Err(e) => {
+                self.complete = false;
+                let vpath = self.root.virtual_path(rel);
+                Err(FileError::Io(format!("{vpath}: cannot watch: {e}")))
+            }
         }
-        self.by_path.insert(rel.to_string(), fd);
-        Ok(())
     }
 
     /// Watches the directories below `rel`, never through a symlink.
@@ -277,13 +433,19 @@ impl Tracker {
                 }
             }
             "removed" | "moved_from" => {
-                if let Some(fd) = self.by_path.remove(rel) {
-                    let link = format!("{PROC_FD}{}", fd.as_raw_fd());
-                    let _ = self.watcher.unwatch(Path::new(&link));
-                    lock(&self.shared.dirs).remove(&fd.as_raw_fd());
+                if let Some(ticket) = self.by_path.remove(rel) {
+                    hub().unwatch(&ticket);
                 }
             }
             _ => {}
+        }
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        for ticket in self.by_path.values() {
+            hub().unwatch(ticket);
         }
     }
 }
@@ -359,8 +521,8 @@ impl Forward {
                 }
             }
         }
-        // Disposed: the watcher and its descriptors close off the runtime's
-        // workers (stopping notify's thread waits for it).
+        // Disposed: unwatching waits for notify's thread, so it happens off
+        // the runtime's workers.
         let tracker = self.tracker;
         let _ = tokio::task::spawn_blocking(move || drop(tracker)).await;
     }
@@ -384,51 +546,46 @@ impl Forward {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use notify::event::{CreateKind, DataChange};
-
-    fn event(kind: EventKind, path: &str) -> notify::Result<notify::Event> {
-        Ok(notify::Event::new(kind).add_path(path.into()))
-    }
 
     #[test]
     fn changes_coalesce_by_path_and_overflow_is_counted() {
         let shared = Shared::default();
-        lock(&shared.dirs).insert(7, "sub".into());
-        lock(&shared.dirs).insert(8, String::new());
-        let created = EventKind::Create(CreateKind::File);
-        let written = EventKind::Modify(ModifyKind::Data(DataChange::Content));
-        shared.record(event(created, "/proc/self/fd/7/a.txt"));
-        shared.record(event(written, "/proc/self/fd/7/a.txt"));
-        shared.record(event(written, "/proc/self/fd/8/b.txt"));
-        shared.record(event(written, "/proc/self/fd/7"));
-        // Not ours, not UTF-8-mapped, or not a change: passed over.
-        shared.record(event(written, "/proc/self/fd/9/c.txt"));
-        shared.record(event(written, "/etc/passwd"));
-        shared.record(event(
-            EventKind::Access(notify::event::AccessKind::Any),
-            "/proc/self/fd/8/b.txt",
-        ));
+        shared.push("sub/a.txt".into(), "created");
+        shared.push("sub/a.txt".into(), "modified");
+        shared.push("b.txt".into(), "modified");
+        shared.push("b.txt".into(), "removed");
         let pending = shared.take();
         let changes: Vec<_> = pending.changes.into_iter().collect();
         assert_eq!(
             changes,
-            [
-                ("b.txt".into(), "modified"),
-                ("sub".into(), "modified"),
-                ("sub/a.txt".into(), "created")
-            ]
+            [("b.txt".into(), "removed"), ("sub/a.txt".into(), "created")]
         );
         assert_eq!(pending.dropped, 0);
 
         for i in 0..MAX_PENDING + 10 {
-            shared.record(event(written, &format!("/proc/self/fd/8/f{i}")));
+            shared.push(format!("f{i}"), "modified");
         }
         // Paths already pending still coalesce when the map is full.
-        shared.record(event(written, "/proc/self/fd/8/f0"));
-        shared.record(Err(notify::Error::generic("queue overflow")));
+        shared.push("f0".into(), "removed");
+        shared.lost(1);
         let pending = shared.take();
         assert_eq!(pending.changes.len(), MAX_PENDING);
+        assert_eq!(pending.changes["f0"], "removed");
         assert_eq!(pending.dropped, 11);
         assert!(shared.take().changes.is_empty());
+    }
+
+    #[test]
+    fn event_paths_map_back_through_the_descriptor() {
+        fn path(p: &str) -> Option<(i32, &str)> {
+            split_link(Path::new(p))
+        }
+        assert_eq!(path("/proc/self/fd/7/a.txt"), Some((7, "a.txt")));
+        assert_eq!(path("/proc/self/fd/7"), Some((7, "")));
+        assert_eq!(path("/proc/self/fd/x/a"), None);
+        assert_eq!(path("/etc/passwd"), None);
+        assert_eq!(join("", "a"), "a");
+        assert_eq!(join("sub", ""), "sub");
+        assert_eq!(join("sub", "a"), "sub/a");
     }
 }

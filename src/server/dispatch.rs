@@ -104,27 +104,22 @@ impl StreamSink {
     /// Sends a `stream` frame; waits while the peer is slow. Fails only
     /// when the session is gone.
     pub async fn event(&self, event: &str, data: Value) -> Result<(), SessionGone> {
-        let frame = Frame::Stream(Stream {
-            id: self.id.clone(),
-            event: event.to_string(),
-            data,
-        });
-        self.outbox
-            .send(Outbound::Frame(frame))
-            .await
-            .map_err(|_| SessionGone)
+        let frame = self.stream_frame(event, data);
+        self.outbox.send(frame).await.map_err(|_| SessionGone)
     }
 
     /// [`event`](Self::event) from a blocking thread (a search).
     pub fn event_blocking(&self, event: &str, data: Value) -> Result<(), SessionGone> {
-        let frame = Frame::Stream(Stream {
+        let frame = self.stream_frame(event, data);
+        self.outbox.blocking_send(frame).map_err(|_| SessionGone)
+    }
+
+    fn stream_frame(&self, event: &str, data: Value) -> Outbound {
+        Outbound::Frame(Frame::Stream(Stream {
             id: self.id.clone(),
             event: event.to_string(),
             data,
-        });
-        self.outbox
-            .blocking_send(Outbound::Frame(frame))
-            .map_err(|_| SessionGone)
+        }))
     }
 
     /// Sends a binary chunk (split to fit records by the writer's caller).
