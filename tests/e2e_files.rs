@@ -906,6 +906,16 @@ async fn search_streams_matches_within_globs_and_caps_and_never_leaves_the_root(
         );
     }
     gw.assert_requests_audited(answered);
+    // A search is recorded when it starts and when it ends, with its root
+    // and path.
+    let entries = gw.audit_entries();
+    let of_b = entries
+        .iter()
+        .filter(|e| e.record.method.as_deref() == Some("file.search"))
+        .filter(|e| e.record.root.as_deref() == Some("main"))
+        .filter(|e| e.record.path.as_deref() == Some("src/b.txt"))
+        .count();
+    assert_eq!(of_b, 4, "2 searches of src/b.txt, each a start and an end");
 }
 
 /// The next `file.changed` event for `path`, skipping others.
