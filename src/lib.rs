@@ -17,4 +17,5 @@ pub mod frame;
 pub mod keyfile;
 pub mod record;
 pub mod server;
+pub mod shell;
 pub mod tls;

@@ -232,6 +232,9 @@ pub struct ShellTerms {
     pub persist: bool,
     /// Roots the child may write (`rw`) or read, for its sandbox.
     pub roots: BTreeMap<String, Mode>,
+    /// The same roots' host directories (the operator's word), which the
+    /// sandbox is built from. Never sent to a client or audited.
+    pub host_roots: Vec<(std::path::PathBuf, Mode)>,
 }
 
 impl Decision {
@@ -571,7 +574,12 @@ fn shell(
                 acc
             },
         );
+        let host_roots = roots
+            .iter()
+            .filter_map(|(id, mode)| Some((policy.root(id)?.host_path.clone(), *mode)))
+            .collect();
         let terms = ShellTerms {
+            host_roots,
             env: child_env,
             cwd: cwd_terms,
             max_runtime: shell.max_runtime,

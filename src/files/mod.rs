@@ -31,7 +31,7 @@ use ops::AtomicFile;
 pub const MAX_INLINE_READ: usize = 48 * 1024;
 /// JSON bytes a response's payload (content, entries) may take: a record
 /// is 65519 bytes, and the id and other fields need room too.
-const RESPONSE_BUDGET: usize = 60_000;
+pub(crate) const RESPONSE_BUDGET: usize = 60_000;
 
 pub struct Files;
 
@@ -72,7 +72,7 @@ impl Provider for Files {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-enum Encoding {
+pub(crate) enum Encoding {
     #[default]
     #[serde(alias = "utf-8", alias = "text")]
     Utf8,
@@ -308,10 +308,9 @@ async fn read(
             .min(available)
             .min(MAX_INLINE_READ as u64) as usize;
         let data = ops::read_at(&handle, offset, want)?;
-        let (content, used) = fit_inline(&data, p.encoding, offset + (data.len() as u64) >= size)
-            .map_err(|m| {
-            FileError::Invalid(format!("{}: {m}", root.virtual_path(&file.path)))
-        })?;
+        let at_eof = offset + (data.len() as u64) >= size;
+        let (content, used) = fit_inline(&data, p.encoding, at_eof, RESPONSE_BUDGET)
+            .map_err(|m| FileError::Invalid(format!("{}: {m}", root.virtual_path(&file.path))))?;
         usage.add_out(used);
         result["content"] = Value::String(content);
         result["encoding"] = json!(match p.encoding {
@@ -328,10 +327,15 @@ async fn read(
 /// The longest prefix of `data` whose encoding fits one response, as
 /// (content, bytes of `data` used). UTF-8 is cut at a character boundary;
 /// bytes that are not UTF-8 are an error that names the way out.
-fn fit_inline(data: &[u8], encoding: Encoding, at_eof: bool) -> Result<(String, usize), String> {
+pub(crate) fn fit_inline(
+    data: &[u8],
+    encoding: Encoding,
+    at_eof: bool,
+    budget: usize,
+) -> Result<(String, usize), String> {
     match encoding {
         Encoding::Base64 => {
-            let used = data.len().min(RESPONSE_BUDGET / 4 * 3);
+            let used = data.len().min(budget / 4 * 3);
             let content = base64::engine::general_purpose::STANDARD.encode(&data[..used]);
             Ok((content, used))
         }
@@ -351,11 +355,11 @@ fn fit_inline(data: &[u8], encoding: Encoding, at_eof: bool) -> Result<(String, 
             };
             loop {
                 let encoded = serde_json::to_string(text).unwrap_or_default().len();
-                if encoded <= RESPONSE_BUDGET {
+                if encoded <= budget {
                     return Ok((text.to_string(), text.len()));
                 }
                 // Escapes made it too long: keep the part that fits.
-                let mut cut = text.len() * RESPONSE_BUDGET / encoded;
+                let mut cut = text.len() * budget / encoded;
                 while !text.is_char_boundary(cut) {
                     cut -= 1;
                 }
@@ -517,21 +521,30 @@ mod tests {
     #[test]
     fn inline_text_fits_one_record_and_cuts_at_characters() {
         let text = "é".repeat(40_000); // 80,000 bytes
-        let (content, used) = fit_inline(text.as_bytes(), Encoding::Utf8, false).unwrap();
+        let (content, used) =
+            fit_inline(text.as_bytes(), Encoding::Utf8, false, RESPONSE_BUDGET).unwrap();
         assert!(serde_json::to_string(&content).unwrap().len() <= RESPONSE_BUDGET);
         assert_eq!(used, content.len());
         assert!(used % 2 == 0, "never half a character");
         // Escapes take six bytes each: fewer characters fit.
         let controls = vec![1u8; 30_000];
-        let (content, used) = fit_inline(&controls, Encoding::Utf8, false).unwrap();
+        let (content, used) =
+            fit_inline(&controls, Encoding::Utf8, false, RESPONSE_BUDGET).unwrap();
         assert!(serde_json::to_string(&content).unwrap().len() <= RESPONSE_BUDGET);
         assert!(used < 30_000 && used > 9_000, "{used}");
         // A character cut by the length limit is left for the next read.
-        let (_, used) = fit_inline(&"aé".as_bytes()[..2], Encoding::Utf8, false).unwrap();
+        let (_, used) = fit_inline(
+            &"aé".as_bytes()[..2],
+            Encoding::Utf8,
+            false,
+            RESPONSE_BUDGET,
+        )
+        .unwrap();
         assert_eq!(used, 1);
-        assert!(fit_inline(&[0xff, 0x41], Encoding::Utf8, false).is_err());
-        assert!(fit_inline(&"aé".as_bytes()[..2], Encoding::Utf8, true).is_err());
-        let (content, used) = fit_inline(&[0xff; 100_000], Encoding::Base64, false).unwrap();
+        assert!(fit_inline(&[0xff, 0x41], Encoding::Utf8, false, RESPONSE_BUDGET).is_err());
+        assert!(fit_inline(&"aé".as_bytes()[..2], Encoding::Utf8, true, RESPONSE_BUDGET).is_err());
+        let (content, used) =
+            fit_inline(&[0xff; 100_000], Encoding::Base64, false, RESPONSE_BUDGET).unwrap();
         assert!(content.len() <= RESPONSE_BUDGET);
         assert_eq!(used, RESPONSE_BUDGET / 4 * 3);
     }

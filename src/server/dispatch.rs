@@ -173,6 +173,7 @@ impl Dispatcher {
         let mut dispatcher = Self::default();
         dispatcher.register(Arc::new(crate::server::resources::Resources));
         dispatcher.register(Arc::new(crate::files::Files));
+        dispatcher.register(Arc::new(crate::shell::Shell));
         dispatcher
     }
 

@@ -723,6 +723,12 @@ impl Session {
             };
             record.completed_at = Some(jiff::Timestamp::now().to_string());
             (record.bytes_in, record.bytes_out) = usage.totals();
+            // A command's exit code, when the result carries one.
+            record.exit_code = response
+                .result
+                .as_ref()
+                .and_then(|r| r.get("exit_code")?.as_i64())
+                .and_then(|code| i32::try_from(code).ok());
             (record.status, record.error_code) = match &response.error {
                 None => (Some(Status::Succeeded), None),
                 Some(e) if e.code == ErrorCode::Cancelled => {

@@ -1,0 +1,364 @@
+//! The `shell` capability. Served so far: `shell.exec`, a one-shot command
+//! whose output comes back in the response.
+//!
+//! Policy has decided the program, the working directory (a root and path)
+//! and the child's whole environment ([`ShellTerms`]). Here the program is
+//! resolved to an absolute path, the working directory is opened beneath
+//! its root, and the daemon's own binary is started as the launcher
+//! (`sandbox.rs`), which confines itself and execs the program. Every exit
+//! (normal, timeout, cancel) ends with SIGKILL to the command's process
+//! group: nothing an exec started outlives it.
+
+pub mod sandbox;
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use portcullis_policy::{Mode, Network, ShellTerms, Terms};
+use rustix::fs::{Mode as FileMode, OFlags};
+use rustix::process::{Pid, Signal};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::files::confine::Root;
+use crate::files::{Encoding, RESPONSE_BUDGET, fit_inline};
+use crate::frame::{ErrorBody, ErrorCode, Request};
+use crate::server::dispatch::{Call, Provider, Reply};
+
+/// How long the pipes may stay open after the process group was killed (a
+/// process that left the group with `setsid` could hold them).
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+pub struct Shell;
+
+impl Provider for Shell {
+    fn methods(&self) -> &'static [&'static str] {
+        &["shell.exec"]
+    }
+
+    /// A cancelled command is killed, and answers.
+    fn cancel_grace(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    fn call(&self, call: Call) -> Reply {
+        Box::pin(exec(call))
+    }
+}
+
+#[derive(Deserialize)]
+struct ExecParams {
+    command: Vec<String>,
+    /// Milliseconds; the grant's `max_runtime` is the most it can be.
+    timeout_ms: Option<u64>,
+    /// Text for the command's standard input (closed after it).
+    stdin: Option<String>,
+    #[serde(default)]
+    encoding: Encoding,
+}
+
+fn invalid(message: impl Into<String>) -> ErrorBody {
+    ErrorBody::new(ErrorCode::InvalidRequest, message)
+}
+
+fn provider_error(message: impl Into<String>) -> ErrorBody {
+    ErrorBody::new(ErrorCode::ProviderError, message)
+}
+
+fn params(request: &Request) -> Result<ExecParams, ErrorBody> {
+    serde_json::from_value(Value::Object(request.params.clone()))
+        .map_err(|e| invalid(format!("{} params: {e}", request.method)))
+}
+
+async fn exec(call: Call) -> Result<Value, ErrorBody> {
+    let Terms::Shell(terms) = call.terms else {
+        return Err(provider_error(
+            "shell.exec reached the shell without shell terms",
+        ));
+    };
+    let p = params(&call.request)?;
+    if terms.pty {
+        return Err(invalid(
+            "shell.exec runs without a terminal (`pty` is for shell.start)",
+        ));
+    }
+    let Some((program, args)) = p.command.split_first() else {
+        return Err(invalid("`command` must name a program"));
+    };
+    let _slot = ProcessSlot::take(&call.principal, terms.max_processes)?;
+    let program = resolve(program, &terms.env)?;
+    let cwd = WorkingDir::open(&terms)?;
+    let mut command = launcher(&terms, &program, args);
+    command
+        .env_clear()
+        .envs(&terms.env)
+        .current_dir(cwd.path())
+        .stdin(if p.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .map_err(|e| provider_error(format!("cannot start the command: {e}")))?;
+    drop(cwd);
+    let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+    let cap = terms.output_limit.min(OUTPUT_CAP as u64) as usize;
+    let stdout = tokio::spawn(read_capped(child.stdout.take(), cap));
+    let stderr = tokio::spawn(read_capped(child.stderr.take(), cap));
+    if let (Some(text), Some(mut stdin)) = (p.stdin, child.stdin.take()) {
+        call.usage.add_in(text.len());
+        tokio::spawn(async move {
+            let _ = stdin.write_all(text.as_bytes()).await;
+        });
+    }
+    let limit = p
+        .timeout_ms
+        .map(Duration::from_millis)
+        .unwrap_or(terms.max_runtime)
+        .min(terms.max_runtime);
+    let outcome = tokio::select! {
+        status = child.wait() => Outcome::Exited(status),
+        () = tokio::time::sleep(limit) => Outcome::TimedOut,
+        () = call.cancel.cancelled() => Outcome::Cancelled,
+    };
+    // Whatever happened, the command's process group ends now.
+    kill_group(pid);
+    let timed_out = matches!(outcome, Outcome::TimedOut);
+    let status = match outcome {
+        Outcome::Exited(status) => status,
+        Outcome::TimedOut => child.wait().await,
+        Outcome::Cancelled => {
+            let _ = child.wait().await;
+            let message = "the command was killed: cancelled";
+            return Err(ErrorBody::new(ErrorCode::Cancelled, message));
+        }
+    }
+    .map_err(|e| provider_error(format!("waiting for the command: {e}")))?;
+    let duration = started.elapsed();
+    let drained = |task: tokio::task::JoinHandle<Captured>| async move {
+        match tokio::time::timeout(DRAIN_GRACE, task).await {
+            Ok(Ok(captured)) => captured,
+            _ => Captured::default(),
+        }
+    };
+    let (out, err) = (drained(stdout).await, drained(stderr).await);
+    call.usage.add_out(out.data.len() + err.data.len());
+    let mut result = json!({
+        "exit_code": status.code(),
+        "signal": status.signal().map(signal_name),
+        "timed_out": timed_out,
+        "duration_ms": duration.as_secs_f64() * 1e3,
+        "encoding": match p.encoding { Encoding::Utf8 => "utf8", Encoding::Base64 => "base64" },
+    });
+    for (name, captured) in [("stdout", out), ("stderr", err)] {
+        let (text, used) = inline(&captured.data, p.encoding);
+        result[name] = Value::String(text);
+        result[format!("{name}_bytes")] = json!(captured.total);
+        result[format!("{name}_truncated")] = json!((used as u64) < captured.total);
+    }
+    Ok(result)
+}
+
+enum Outcome {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    TimedOut,
+    Cancelled,
+}
+
+/// Bytes of each stream kept for the response; the rest is counted and
+/// dropped (`shell.start` streams any amount).
+const OUTPUT_CAP: usize = 24 * 1024;
+
+/// One output stream's kept bytes and its total length.
+#[derive(Default)]
+struct Captured {
+    data: Vec<u8>,
+    total: u64,
+}
+
+/// Reads a stream to its end, keeping the first `cap` bytes: the command
+/// never blocks on a full pipe, and the daemon never holds more.
+async fn read_capped(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> Captured {
+    let mut captured = Captured::default();
+    let Some(mut stream) = stream else {
+        return captured;
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n @ 1..) = stream.read(&mut buf).await {
+        captured.total += n as u64;
+        let room = cap.saturating_sub(captured.data.len());
+        captured.data.extend_from_slice(&buf[..n.min(room)]);
+    }
+    captured
+}
+
+/// Output as it goes in the response: lossy UTF-8 or base64, cut to half
+/// a record each. Returns the text and the bytes of output it holds.
+fn inline(data: &[u8], encoding: Encoding) -> (String, usize) {
+    let budget = RESPONSE_BUDGET / 2 - 1024;
+    let lossy;
+    let bytes = match encoding {
+        Encoding::Utf8 => {
+            lossy = String::from_utf8_lossy(data).into_owned();
+            lossy.as_bytes()
+        }
+        Encoding::Base64 => data,
+    };
+    match fit_inline(bytes, encoding, true, budget) {
+        // Lossy text is counted in output bytes only when nothing was cut.
+        Ok((text, used)) if used == bytes.len() => (text, data.len()),
+        Ok((text, used)) => (text, used.min(data.len())),
+        Err(_) => (String::new(), 0),
+    }
+}
+
+fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        11 => "SIGSEGV",
+        12 => "SIGUSR2",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("SIG{signal}"),
+    };
+    name.to_string()
+}
+
+/// SIGKILL to the command's process group (the launcher made it one with
+/// `setsid`), or to the process alone if it had not got that far.
+fn kill_group(pid: Option<Pid>) {
+    let Some(pid) = pid else { return };
+    if rustix::process::kill_process_group(pid, Signal::KILL).is_err() {
+        let _ = rustix::process::kill_process(pid, Signal::KILL);
+    }
+}
+
+/// The launcher command: this binary, confining itself, then the program.
+fn launcher(terms: &ShellTerms, program: &Path, args: &[String]) -> tokio::process::Command {
+    // The running binary, even if its file was replaced by an upgrade.
+    let mut command = tokio::process::Command::new("/proc/self/exe");
+    command.arg("__sandbox-exec");
+    for (path, mode) in &terms.host_roots {
+        command.arg(if *mode == Mode::Rw { "--rw" } else { "--ro" });
+        command.arg(path);
+    }
+    if terms.network == Network::Deny {
+        command.arg("--deny-network");
+    }
+    command.arg("--").arg(program).args(args);
+    command
+}
+
+/// A bare program name is looked up on the child's `PATH` (the grant's
+/// `env_set` provides it), never the daemon's.
+fn resolve(
+    program: &str,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<PathBuf, ErrorBody> {
+    if program.starts_with('/') {
+        return Ok(PathBuf::from(program));
+    }
+    let Some(path) = env.get("PATH") else {
+        return Err(invalid(format!(
+            "`{program}` is a bare name and the child's environment has no PATH; \
+             the grant's env_set should set one"
+        )));
+    };
+    use std::os::unix::fs::PermissionsExt as _;
+    path.split(':')
+        .filter(|dir| dir.starts_with('/'))
+        .map(|dir| Path::new(dir).join(program))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .ok_or_else(|| {
+            ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("`{program}` is not on the child's PATH"),
+            )
+        })
+}
+
+/// The command's working directory, opened beneath its root and named by
+/// descriptor (`/proc/self/fd/N`, which the child resolves before exec),
+/// so a symlink swapped in cannot move it outside. No `root_id`: `/`.
+struct WorkingDir(Option<std::os::fd::OwnedFd>);
+
+impl WorkingDir {
+    fn open(terms: &ShellTerms) -> Result<Self, ErrorBody> {
+        let Some(file) = &terms.cwd else {
+            return Ok(Self(None));
+        };
+        let root = Root::open(file).map_err(|e| e.into_body())?;
+        let flags = OFlags::PATH | OFlags::DIRECTORY;
+        let fd = root
+            .open_at(&file.path, flags, FileMode::empty())
+            .map_err(|e| e.into_body())?;
+        Ok(Self(Some(fd)))
+    }
+
+    fn path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd as _;
+        match &self.0 {
+            Some(fd) => PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+            None => PathBuf::from("/"),
+        }
+    }
+}
+
+/// One of a principal's `max_processes` concurrent commands, held while
+/// the command runs.
+struct ProcessSlot {
+    principal: String,
+}
+
+fn running() -> &'static Mutex<HashMap<String, u32>> {
+    static RUNNING: OnceLock<Mutex<HashMap<String, u32>>> = OnceLock::new();
+    RUNNING.get_or_init(Mutex::default)
+}
+
+impl ProcessSlot {
+    fn take(principal: &str, max: u32) -> Result<Self, ErrorBody> {
+        let mut running = running().lock().unwrap_or_else(|e| e.into_inner());
+        let count = running.entry(principal.to_string()).or_default();
+        if *count >= max {
+            return Err(ErrorBody::new(
+                ErrorCode::PolicyBlocked,
+                format!("`{principal}` runs {max} processes already (the grant's max_processes)"),
+            ));
+        }
+        *count += 1;
+        Ok(Self {
+            principal: principal.to_string(),
+        })
+    }
+}
+
+impl Drop for ProcessSlot {
+    fn drop(&mut self) {
+        let mut running = running().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = running.get_mut(&self.principal) {
+            *count = count.saturating_sub(1);
+        }
+    }
+}
