@@ -8,7 +8,9 @@
 //! - the daemon's RSS growth with 1,000 idle authenticated sessions;
 //! - audited small requests per second with 1, 16 and 256 requests in
 //!   flight at once (spread over up to 16 sessions), each answered only
-//!   after its audit entry is durable.
+//!   after its audit entry is durable;
+//! - `shell.exec /bin/true` on an open session and with a new connection
+//!   each time, beside the floor: spawning `/bin/true` from this process.
 //!
 //! Figures are printed, never asserted.
 
@@ -24,6 +26,7 @@ use serde_json::json;
 const CONNECTIONS: usize = 1000;
 const IDLE_SESSIONS: usize = 1000;
 const REQUESTS: usize = 5000;
+const EXECS: usize = 1000;
 
 fn main() {
     // `cargo bench` passes --bench; a filter argument is not supported here.
@@ -33,7 +36,7 @@ fn main() {
     let gateway_key = keyfile::generate(&dir.join("gateway.key"), false).unwrap();
     let client_key = StaticKeypair::generate().unwrap();
     let policy = format!(
-        "[[principal]]\nid = \"bench\"\npublic_key = \"{}\"\n\n[[grant]]\nid = \"g\"\nprincipals = [\"bench\"]\nresources = {{}}\n",
+        "[[principal]]\nid = \"bench\"\npublic_key = \"{}\"\n\n[[grant]]\nid = \"g\"\nprincipals = [\"bench\"]\nresources = {{}}\nshell = {{ commands = [\"/bin/true\"], max_processes = 64 }}\n",
         client_key.public().to_base64()
     );
     std::fs::write(dir.join("policy.toml"), policy).unwrap();
@@ -91,7 +94,34 @@ fn main() {
             requests.push(started.elapsed());
         }
         report("resource.list round trip on an open session", &mut requests);
+
+        let mut floor = Vec::with_capacity(EXECS);
+        for _ in 0..EXECS {
+            let started = Instant::now();
+            let status = Command::new("/bin/true").status().unwrap();
+            floor.push(started.elapsed());
+            assert!(status.success());
+        }
+        report("spawn /bin/true from this process (the floor)", &mut floor);
+        let exec = json!({"command": ["/bin/true"]});
+        let mut execs = Vec::with_capacity(EXECS);
+        for _ in 0..EXECS {
+            let started = Instant::now();
+            let result = client.request("shell.exec", exec.clone()).await.unwrap();
+            execs.push(started.elapsed());
+            assert_eq!(result["exit_code"], 0);
+        }
+        report("shell.exec /bin/true on an open session", &mut execs);
         drop(client);
+        let mut connect_exec = Vec::with_capacity(EXECS / 5);
+        for _ in 0..EXECS / 5 {
+            let started = Instant::now();
+            let client = Client::connect(options()).await.unwrap();
+            client.accept_all().await.unwrap();
+            client.request("shell.exec", exec.clone()).await.unwrap();
+            connect_exec.push(started.elapsed());
+        }
+        report("connect + shell.exec /bin/true (new connection each)", &mut connect_exec);
 
         tokio::time::sleep(Duration::from_millis(500)).await;
         let before = rss_kib(pid);

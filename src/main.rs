@@ -93,9 +93,6 @@ enum Command {
     Mkdir(cli::files::Mkdir),
     /// Search files on a gateway (ripgrep's engine); exit 2 if nothing matched.
     Grep(cli::files::Grep),
-    /// (internal) How the daemon starts a command: confine, then exec.
-    #[command(name = "__sandbox-exec", hide = true)]
-    SandboxExec(portcullis::shell::sandbox::SandboxArgs),
 }
 
 #[derive(Subcommand)]
@@ -254,6 +251,5 @@ fn main() -> ExitCode {
         Command::Rm(args) => cli::files::rm(args),
         Command::Mkdir(args) => cli::files::mkdir(args),
         Command::Grep(args) => cli::files::grep(args),
-        Command::SandboxExec(args) => portcullis::shell::sandbox::run(args),
     }
 }

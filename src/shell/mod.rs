@@ -4,8 +4,9 @@
 //! Policy has decided the program, the working directory (a root and path)
 //! and the child's whole environment ([`ShellTerms`]). Here the program is
 //! resolved to an absolute path, the working directory is opened beneath
-//! its root, and the daemon's own binary is started as the launcher
-//! (`sandbox.rs`), which confines itself and execs the program. Every exit
+//! its root, and the `portcullis-sandbox` launcher (`sandbox.rs`, installed
+//! beside the daemon's binary) is started, which confines itself and execs
+//! the program. Every exit
 //! (normal, timeout, cancel) ends with SIGKILL to the command's process
 //! group: nothing an exec started outlives it.
 
@@ -93,7 +94,7 @@ async fn exec(call: Call) -> Result<Value, ErrorBody> {
     let _slot = ProcessSlot::take(&call.principal, terms.max_processes)?;
     let program = resolve(program, &terms.env)?;
     let cwd = WorkingDir::open(&terms)?;
-    let mut command = launcher(&terms, &program, args);
+    let mut command = launcher(&terms, &program, args)?;
     command
         .env_clear()
         .envs(&terms.env)
@@ -252,11 +253,28 @@ fn kill_group(pid: Option<Pid>) {
     }
 }
 
-/// The launcher command: this binary, confining itself, then the program.
-fn launcher(terms: &ShellTerms, program: &Path, args: &[String]) -> tokio::process::Command {
-    // The running binary, even if its file was replaced by an upgrade.
-    let mut command = tokio::process::Command::new("/proc/self/exe");
-    command.arg("__sandbox-exec");
+/// Where the launcher is: `portcullis-sandbox` beside this binary.
+fn launcher_path() -> Result<&'static Path, ErrorBody> {
+    static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let found = PATH.get_or_init(|| {
+        let exe = std::env::current_exe().ok()?;
+        let launcher = exe.parent()?.join("portcullis-sandbox");
+        launcher.is_file().then_some(launcher)
+    });
+    found.as_deref().ok_or_else(|| {
+        provider_error(
+            "the sandbox launcher `portcullis-sandbox` is not installed beside `portcullis`",
+        )
+    })
+}
+
+/// The launcher command: confine, then exec the program.
+fn launcher(
+    terms: &ShellTerms,
+    program: &Path,
+    args: &[String],
+) -> Result<tokio::process::Command, ErrorBody> {
+    let mut command = tokio::process::Command::new(launcher_path()?);
     for (path, mode) in &terms.host_roots {
         command.arg(if *mode == Mode::Rw { "--rw" } else { "--ro" });
         command.arg(path);
@@ -265,7 +283,7 @@ fn launcher(terms: &ShellTerms, program: &Path, args: &[String]) -> tokio::proce
         command.arg("--deny-network");
     }
     command.arg("--").arg(program).args(args);
-    command
+    Ok(command)
 }
 
 /// A bare program name is looked up on the child's `PATH` (the grant's
