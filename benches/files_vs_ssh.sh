@@ -66,22 +66,9 @@ transfer "portcullis cat (download to /dev/null)" \
 have_ssh=false
 if [ -x /usr/sbin/sshd ]; then
   have_ssh=true
-  ssh_port=$(free_port)
-  mkdir -p "$work/ssh" /run/sshd && chmod 700 "$work/ssh"
-  ssh-keygen -q -t ed25519 -N '' -f "$work/ssh/host"
-  ssh-keygen -q -t ed25519 -N '' -f "$work/ssh/client"
-  printf '%s\n' \
-    "ListenAddress 127.0.0.1" "Port $ssh_port" "HostKey $work/ssh/host" \
-    "AuthorizedKeysFile $work/ssh/client.pub" "PasswordAuthentication no" \
-    "StrictModes no" "PidFile $work/ssh/sshd.pid" \
-    "Subsystem sftp /usr/lib/openssh/sftp-server" > "$work/ssh/sshd_config"
-  /usr/sbin/sshd -D -f "$work/ssh/sshd_config" -E "$work/ssh/sshd.log" &
-  pids+=($!)
-  sleep 0.5
-  common=(-i "$work/ssh/client" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null
-          -o LogLevel=ERROR -o BatchMode=yes)
-  ssh_opts=(-p "$ssh_port" "${common[@]}")
-  scp_opts=(-P "$ssh_port" "${common[@]}")
+  # shellcheck source=benches/sshd.sh
+  source "$here/benches/sshd.sh"
+  start_sshd
   cipher=$(ssh -v "${ssh_opts[@]}" 127.0.0.1 true 2>&1 | grep -o 'cipher: [^ ]*' | head -1 || true)
   transfer "scp upload" scp "${scp_opts[@]}" "$work/src.bin" "127.0.0.1:$work/scp-up.bin"
   transfer "scp download" scp "${scp_opts[@]}" "127.0.0.1:$work/src.bin" "$work/scp-down.bin"
