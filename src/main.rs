@@ -93,6 +93,8 @@ enum Command {
     Mkdir(cli::files::Mkdir),
     /// Search files on a gateway (ripgrep's engine); exit 2 if nothing matched.
     Grep(cli::files::Grep),
+    /// Run a command on a gateway, streaming its output; exits with its code.
+    Exec(cli::shell::Exec),
 }
 
 #[derive(Subcommand)]
@@ -251,5 +253,6 @@ fn main() -> ExitCode {
         Command::Rm(args) => cli::files::rm(args),
         Command::Mkdir(args) => cli::files::mkdir(args),
         Command::Grep(args) => cli::files::grep(args),
+        Command::Exec(args) => cli::shell::exec(args),
     }
 }

@@ -286,3 +286,168 @@ async fn landlock_confines_writes_to_rw_roots_and_denies_tcp() {
     assert_eq!(allowed["stdout"], "connected\n", "{allowed}");
     gw.assert_requests_audited(3);
 }
+
+/// Everything a `shell.start` streamed, and its response.
+struct Streamed {
+    process_id: String,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    result: Result<Value, ClientError>,
+}
+
+async fn collect(mut handle: portcullis::client::RequestHandle<'_>) -> Streamed {
+    use portcullis::client::StreamItem;
+    use portcullis::record::Channel;
+    let mut streamed = Streamed {
+        process_id: String::new(),
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        result: Ok(Value::Null),
+    };
+    while let Some(item) = handle.next().await {
+        match item {
+            StreamItem::Stream { event, data } if event == "started" => {
+                streamed.process_id = data["process_id"].as_str().unwrap().to_string();
+            }
+            StreamItem::Chunk {
+                channel: Channel::Stdout,
+                data,
+            } => streamed.stdout.extend(&data),
+            StreamItem::Chunk {
+                channel: Channel::Stderr,
+                data,
+            } => streamed.stderr.extend(&data),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    streamed.result = handle.response().await;
+    streamed
+}
+
+/// The id of the first process `client` has running, once it shows
+/// (`answered` counts the requests it took).
+async fn running_process(client: &Client, answered: &mut usize) -> String {
+    for _ in 0..100 {
+        let listed = client.request("shell.list", json!({})).await.unwrap();
+        *answered += 1;
+        if let Some(id) = listed["processes"][0]["process_id"].as_str() {
+            return id.to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no process started");
+}
+
+#[tokio::test]
+async fn start_streams_output_takes_input_and_answers_signals_and_cancel() {
+    let Setup { gw, alice, bob } = setup().await;
+    let mut answered = 0;
+    // Output streams in order per channel; input reaches stdin.
+    let handle = alice
+        .start(
+            "shell.start",
+            sh("echo one; echo two >&2; read line; echo \"got $line\""),
+        )
+        .await
+        .unwrap();
+    let id = running_process(&alice, &mut answered).await;
+    let status = alice
+        .request("shell.status", json!({"process_id": id}))
+        .await
+        .unwrap();
+    assert_eq!(status["command"][0], "sh");
+    // Another principal can neither see nor touch it.
+    let foreign = bob
+        .request("shell.signal", json!({"process_id": id, "signal": "KILL"}))
+        .await;
+    assert_eq!(code(&foreign), Some(ErrorCode::NotFound));
+    let theirs = bob.request("shell.list", json!({})).await.unwrap();
+    assert_eq!(theirs["processes"], json!([]));
+    let written = alice
+        .request(
+            "shell.input",
+            json!({"process_id": id, "data": "hello\n", "eof": true}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(written["written"], 6);
+    let streamed = collect(handle).await;
+    answered += 5; // status, bob's signal and list, input, start
+    assert_eq!(streamed.process_id, id);
+    assert_eq!(
+        String::from_utf8_lossy(&streamed.stdout),
+        "one\ngot hello\n"
+    );
+    assert_eq!(String::from_utf8_lossy(&streamed.stderr), "two\n");
+    let result = streamed.result.unwrap();
+    assert_eq!(
+        (result["exit_code"].as_i64(), result["cancelled"].as_bool()),
+        (Some(0), Some(false))
+    );
+    assert_eq!(result["stdout_bytes"], 14);
+
+    // A signal reaches the process group; shell.cancel kills it.
+    for (how, expected) in [("signal", "SIGTERM"), ("cancel", "SIGKILL")] {
+        let handle = alice.start("shell.start", sh("sleep 30")).await.unwrap();
+        let id = running_process(&alice, &mut answered).await;
+        let params = match how {
+            "signal" => json!({"process_id": id, "signal": "TERM"}),
+            _ => json!({"process_id": id}),
+        };
+        alice
+            .request(&format!("shell.{how}"), params)
+            .await
+            .unwrap();
+        let result = collect(handle).await.result.unwrap();
+        answered += 2; // the signal or cancel, the start
+        assert_eq!(result["signal"], expected, "{how}: {result}");
+        assert_eq!(result["cancelled"], how == "cancel");
+        let after = alice.request("shell.list", json!({})).await.unwrap();
+        answered += 1;
+        assert_eq!(after["processes"], json!([]), "{how}");
+    }
+    gw.assert_requests_audited(answered);
+}
+
+#[test]
+fn the_exec_verb_streams_output_and_exits_with_the_remote_code() {
+    let home = std::env::temp_dir().join(format!("portcullis-exec-verb-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    let alice = portcullis::keyfile::generate(&home.join("alice.key"), false).unwrap();
+    let bob = StaticKeypair::generate().unwrap();
+    let gw = Gateway::start(&policy(&alice, &bob), "");
+    let key = gw.key.to_base64();
+    let run = |rest: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+            .args(["exec", gw.url.as_str(), "--gateway-key", &key])
+            .args(["--identity", home.join("alice.key").to_str().unwrap()])
+            .args(rest)
+            .env("XDG_CONFIG_HOME", &home)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "--env",
+        "GREETING=hi",
+        "--",
+        "sh",
+        "-c",
+        "echo $GREETING; echo oops >&2; exit 7",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "oops\n");
+    let killed = run(&["--", "sh", "-c", "kill -KILL $$"]);
+    assert_eq!(killed.status.code(), Some(128 + 9));
+    let refused = run(&["--", "ls"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("permission_denied"));
+    gw.assert_requests_audited(3);
+    let _ = std::fs::remove_dir_all(home);
+}

@@ -9,6 +9,7 @@ pub mod files;
 pub mod keys;
 pub mod policy;
 pub mod serve;
+pub mod shell;
 
 use std::process::ExitCode;
 

@@ -1,5 +1,6 @@
-//! The `shell` capability. Served so far: `shell.exec`, a one-shot command
-//! whose output comes back in the response.
+//! The `shell` capability: `shell.exec`, a one-shot command whose output
+//! comes back in the response, and `shell.start` with the methods that act
+//! on a started process (`start.rs`).
 //!
 //! Policy has decided the program, the working directory (a root and path)
 //! and the child's whole environment ([`ShellTerms`]). Here the program is
@@ -11,6 +12,7 @@
 //! group: nothing an exec started outlives it.
 
 pub mod sandbox;
+mod start;
 
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt as _;
@@ -25,6 +27,7 @@ use rustix::process::{Pid, Signal};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
+use tokio_util::sync::CancellationToken;
 
 use crate::files::confine::Root;
 use crate::files::{Encoding, RESPONSE_BUDGET, fit_inline};
@@ -39,7 +42,15 @@ pub struct Shell;
 
 impl Provider for Shell {
     fn methods(&self) -> &'static [&'static str] {
-        &["shell.exec"]
+        &[
+            "shell.exec",
+            "shell.start",
+            "shell.input",
+            "shell.signal",
+            "shell.cancel",
+            "shell.status",
+            "shell.list",
+        ]
     }
 
     /// A cancelled command is killed, and answers.
@@ -48,7 +59,15 @@ impl Provider for Shell {
     }
 
     fn call(&self, call: Call) -> Reply {
-        Box::pin(exec(call))
+        match call.request.method.as_str() {
+            "shell.start" => Box::pin(start::start(call)),
+            "shell.input" => Box::pin(start::input(call)),
+            "shell.signal" => Box::pin(start::signal(call)),
+            "shell.cancel" => Box::pin(start::cancel(call)),
+            "shell.status" => Box::pin(start::status(call)),
+            "shell.list" => Box::pin(start::list(call)),
+            _ => Box::pin(exec(call)),
+        }
     }
 }
 
@@ -77,89 +96,32 @@ fn params(request: &Request) -> Result<ExecParams, ErrorBody> {
 }
 
 async fn exec(call: Call) -> Result<Value, ErrorBody> {
-    let Terms::Shell(terms) = call.terms else {
-        return Err(provider_error(
-            "shell.exec reached the shell without shell terms",
-        ));
-    };
     let p = params(&call.request)?;
-    if terms.pty {
-        return Err(invalid(
-            "shell.exec runs without a terminal (`pty` is for shell.start)",
-        ));
-    }
-    let Some((program, args)) = p.command.split_first() else {
-        return Err(invalid("`command` must name a program"));
-    };
-    let _slot = ProcessSlot::take(&call.principal, terms.max_processes)?;
-    let program = resolve(program, &terms.env)?;
-    let cwd = WorkingDir::open(&terms)?;
-    let mut command = launcher(&terms, &program, args)?;
-    command
-        .env_clear()
-        .envs(&terms.env)
-        .current_dir(cwd.path())
-        .stdin(if p.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let started = Instant::now();
-    let mut child = command
-        .spawn()
-        .map_err(|e| provider_error(format!("cannot start the command: {e}")))?;
-    drop(cwd);
-    let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+    let terms = shell_terms(call.terms)?;
+    let mut running = spawn(&call.principal, &terms, &p.command, p.stdin.is_some())?;
     let cap = terms.output_limit.min(OUTPUT_CAP as u64) as usize;
-    let stdout = tokio::spawn(read_capped(child.stdout.take(), cap));
-    let stderr = tokio::spawn(read_capped(child.stderr.take(), cap));
-    if let (Some(text), Some(mut stdin)) = (p.stdin, child.stdin.take()) {
+    let stdout = tokio::spawn(read_capped(running.child.stdout.take(), cap));
+    let stderr = tokio::spawn(read_capped(running.child.stderr.take(), cap));
+    if let (Some(text), Some(mut stdin)) = (p.stdin, running.child.stdin.take()) {
         call.usage.add_in(text.len());
         tokio::spawn(async move {
             let _ = stdin.write_all(text.as_bytes()).await;
         });
     }
-    let limit = p
-        .timeout_ms
-        .map(Duration::from_millis)
-        .unwrap_or(terms.max_runtime)
-        .min(terms.max_runtime);
-    let outcome = tokio::select! {
-        status = child.wait() => Outcome::Exited(status),
-        () = tokio::time::sleep(limit) => Outcome::TimedOut,
-        () = call.cancel.cancelled() => Outcome::Cancelled,
-    };
-    // Whatever happened, the command's process group ends now.
-    kill_group(pid);
-    let timed_out = matches!(outcome, Outcome::TimedOut);
-    let status = match outcome {
-        Outcome::Exited(status) => status,
-        Outcome::TimedOut => child.wait().await,
-        Outcome::Cancelled => {
-            let _ = child.wait().await;
-            let message = "the command was killed: cancelled";
-            return Err(ErrorBody::new(ErrorCode::Cancelled, message));
-        }
+    let limit = time_limit(p.timeout_ms, &terms);
+    let (outcome, status) = running.wait(limit, &call.cancel, None).await?;
+    if let Outcome::Cancelled = outcome {
+        return Err(ErrorBody::new(
+            ErrorCode::Cancelled,
+            "the command was killed: cancelled",
+        ));
     }
-    .map_err(|e| provider_error(format!("waiting for the command: {e}")))?;
-    let duration = started.elapsed();
-    let drained = |task: tokio::task::JoinHandle<Captured>| async move {
-        match tokio::time::timeout(DRAIN_GRACE, task).await {
-            Ok(Ok(captured)) => captured,
-            _ => Captured::default(),
-        }
-    };
     let (out, err) = (drained(stdout).await, drained(stderr).await);
     call.usage.add_out(out.data.len() + err.data.len());
-    let mut result = json!({
-        "exit_code": status.code(),
-        "signal": status.signal().map(signal_name),
-        "timed_out": timed_out,
-        "duration_ms": duration.as_secs_f64() * 1e3,
-        "encoding": match p.encoding { Encoding::Utf8 => "utf8", Encoding::Base64 => "base64" },
+    let mut result = exit_result(&status, &outcome, running.started);
+    result["encoding"] = json!(match p.encoding {
+        Encoding::Utf8 => "utf8",
+        Encoding::Base64 => "base64",
     });
     for (name, captured) in [("stdout", out), ("stderr", err)] {
         let (text, used) = inline(&captured.data, p.encoding);
@@ -170,10 +132,135 @@ async fn exec(call: Call) -> Result<Value, ErrorBody> {
     Ok(result)
 }
 
-enum Outcome {
+fn shell_terms(terms: Terms) -> Result<ShellTerms, ErrorBody> {
+    match terms {
+        Terms::Shell(terms) if terms.pty => {
+            Err(invalid("terminals are not served yet; run without `pty`"))
+        }
+        Terms::Shell(terms) => Ok(terms),
+        _ => Err(provider_error(
+            "a shell method reached the shell without shell terms",
+        )),
+    }
+}
+
+/// The request's timeout, never beyond the grant's `max_runtime`.
+fn time_limit(timeout_ms: Option<u64>, terms: &ShellTerms) -> Duration {
+    timeout_ms
+        .map(Duration::from_millis)
+        .unwrap_or(terms.max_runtime)
+        .min(terms.max_runtime)
+}
+
+/// How a command ended, as every shell method reports it.
+fn exit_result(status: &std::process::ExitStatus, outcome: &Outcome, started: Instant) -> Value {
+    json!({
+        "exit_code": status.code(),
+        "signal": status.signal().map(signal_name),
+        "timed_out": matches!(outcome, Outcome::TimedOut),
+        "duration_ms": started.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// A started command: its process (the launcher, then the program), its
+/// process group, and the principal's process slot it holds.
+pub(crate) struct Running {
+    pub child: tokio::process::Child,
+    pub pid: Option<Pid>,
+    pub started: Instant,
+    _slot: ProcessSlot,
+}
+
+/// Starts `command` as the terms allow: program resolved, working
+/// directory opened beneath its root, exact environment, the launcher in
+/// front. Output is piped; stdin too when `stdin`, else `/dev/null`.
+pub(crate) fn spawn(
+    principal: &str,
+    terms: &ShellTerms,
+    command: &[String],
+    stdin: bool,
+) -> Result<Running, ErrorBody> {
+    let Some((program, args)) = command.split_first() else {
+        return Err(invalid("`command` must name a program"));
+    };
+    let slot = ProcessSlot::take(principal, terms.max_processes)?;
+    let program = resolve(program, &terms.env)?;
+    let cwd = WorkingDir::open(terms)?;
+    let mut launch = launcher(terms, &program, args)?;
+    let stdin = if stdin { Stdio::piped() } else { Stdio::null() };
+    launch
+        .env_clear()
+        .envs(&terms.env)
+        .current_dir(cwd.path())
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let child = launch
+        .spawn()
+        .map_err(|e| provider_error(format!("cannot start the command: {e}")))?;
+    // The child has changed into the directory; the handle may close.
+    drop(cwd);
+    let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+    Ok(Running {
+        child,
+        pid,
+        started,
+        _slot: slot,
+    })
+}
+
+impl Running {
+    /// Waits for the exit, the time limit, or a cancel (the request's, or
+    /// `also`), then kills the process group whatever happened: nothing the
+    /// command started outlives it.
+    pub async fn wait(
+        &mut self,
+        limit: Duration,
+        cancel: &CancellationToken,
+        also: Option<&CancellationToken>,
+    ) -> Result<(Outcome, std::process::ExitStatus), ErrorBody> {
+        let also_cancelled = async {
+            match also {
+                Some(token) => token.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = tokio::select! {
+            status = self.child.wait() => Outcome::Exited(status),
+            () = tokio::time::sleep(limit) => Outcome::TimedOut,
+            () = cancel.cancelled() => Outcome::Cancelled,
+            () = also_cancelled => Outcome::Stopped,
+        };
+        kill_group(self.pid);
+        let status = match outcome {
+            Outcome::Exited(ref status) => match status {
+                Ok(status) => Ok(*status),
+                Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+            },
+            _ => self.child.wait().await,
+        }
+        .map_err(|e| provider_error(format!("waiting for the command: {e}")))?;
+        Ok((outcome, status))
+    }
+}
+
+/// Waits (a little) for an output reader after the group was killed.
+async fn drained<T: Default>(task: tokio::task::JoinHandle<T>) -> T {
+    match tokio::time::timeout(DRAIN_GRACE, task).await {
+        Ok(Ok(value)) => value,
+        _ => T::default(),
+    }
+}
+
+pub(crate) enum Outcome {
     Exited(std::io::Result<std::process::ExitStatus>),
     TimedOut,
+    /// The request was cancelled (a `cancel` frame, the session ended).
     Cancelled,
+    /// `shell.cancel` ended it.
+    Stopped,
 }
 
 /// Bytes of each stream kept for the response; the rest is counted and
