@@ -90,13 +90,13 @@ fn provider_error(message: impl Into<String>) -> ErrorBody {
     ErrorBody::new(ErrorCode::ProviderError, message)
 }
 
-fn params(request: &Request) -> Result<ExecParams, ErrorBody> {
+fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorBody> {
     serde_json::from_value(Value::Object(request.params.clone()))
         .map_err(|e| invalid(format!("{} params: {e}", request.method)))
 }
 
 async fn exec(call: Call) -> Result<Value, ErrorBody> {
-    let p = params(&call.request)?;
+    let p: ExecParams = params(&call.request)?;
     let terms = shell_terms(call.terms)?;
     let mut running = spawn(&call.principal, &terms, &p.command, p.stdin.is_some())?;
     let cap = terms.output_limit.min(OUTPUT_CAP as u64) as usize;

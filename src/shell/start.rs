@@ -22,9 +22,9 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Outcome, drained, exit_result, invalid, shell_terms, spawn, time_limit};
+use super::{Outcome, drained, exit_result, invalid, params, shell_terms, spawn, time_limit};
 use crate::files::Encoding;
-use crate::frame::{ErrorBody, ErrorCode, Request};
+use crate::frame::{ErrorBody, ErrorCode};
 use crate::record::Channel;
 use crate::server::dispatch::{Call, StreamSink};
 
@@ -61,11 +61,6 @@ fn table() -> MutexGuard<'static, Table> {
         .get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-}
-
-fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorBody> {
-    serde_json::from_value(Value::Object(request.params.clone()))
-        .map_err(|e| invalid(format!("{} params: {e}", request.method)))
 }
 
 pub async fn start(call: Call) -> Result<Value, ErrorBody> {
