@@ -13,7 +13,8 @@
 //! and a Landlock ruleset: read and execute the system's program paths,
 //! read the granted `ro` roots, read and write the `rw` roots, and, when
 //! the grant denies the network, no TCP connect or bind. If the kernel
-//! cannot enforce all of it the launcher refuses to run the program.
+//! cannot enforce that (Landlock ABI 3, and 4 for the network rules) the
+//! launcher refuses to run the program.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -121,34 +122,44 @@ pub fn run(args: SandboxArgs) -> ExitCode {
     })
 }
 
+/// Landlock as strict as the kernel allows, but never weaker than: the
+/// filesystem rights of ABI 3 (which covers truncate), and with
+/// `--deny-network` the TCP rules of ABI 4. Those are required; the newer
+/// rights (ABI 5's device ioctls) are applied where the kernel has them.
 fn landlock(args: &SandboxArgs) -> Result<(), String> {
-    let abi = ABI::V5;
     let error = |e: landlock::RulesetError| format!("Landlock: {e}");
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(abi))
+        .handle_access(AccessFs::from_all(ABI::V3))
         .map_err(error)?;
     if args.deny_network {
         ruleset = ruleset
             .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
             .map_err(error)?;
     }
-    let read = AccessFs::from_read(abi);
+    let newest = ABI::V5;
+    let ruleset = ruleset
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(newest))
+        .map_err(error)?;
+    let (read, all) = (AccessFs::from_read(newest), AccessFs::from_all(newest));
     let status = ruleset
         .create()
         .map_err(error)?
         .add_rules(path_beneath_rules(SYSTEM_READ, read))
         .map_err(error)?
-        .add_rules(path_beneath_rules(SYSTEM_WRITE, AccessFs::from_all(abi)))
+        .add_rules(path_beneath_rules(SYSTEM_WRITE, all))
         .map_err(error)?
         .add_rules(path_beneath_rules(&args.ro, read))
         .map_err(error)?
-        .add_rules(path_beneath_rules(&args.rw, AccessFs::from_all(abi)))
+        .add_rules(path_beneath_rules(&args.rw, all))
         .map_err(error)?
         .restrict_self()
         .map_err(error)?;
     match status.ruleset {
-        RulesetStatus::FullyEnforced => Ok(()),
-        other => Err(format!("Landlock is {other:?} on this kernel")),
+        // Partially: only the best-effort rights are missing (the required
+        // ones would have failed above).
+        RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced => Ok(()),
+        RulesetStatus::NotEnforced => Err("Landlock is not enforced on this kernel".into()),
     }
 }
