@@ -451,3 +451,41 @@ fn the_exec_verb_streams_output_and_exits_with_the_remote_code() {
     gw.assert_requests_audited(3);
     let _ = std::fs::remove_dir_all(home);
 }
+
+#[tokio::test]
+async fn a_reload_that_takes_the_shell_away_kills_running_commands() {
+    let Setup { gw, alice, .. } = setup().await;
+    let marker = format!("{}.{}", 80 + std::process::id() % 9, std::process::id());
+    let handle = alice
+        .start("shell.start", sh(&format!("sleep {marker}")))
+        .await
+        .unwrap();
+    let mut answered = 0;
+    running_process(&alice, &mut answered).await;
+    // alice keeps her files (so the session stays), loses the shell.
+    let text = std::fs::read_to_string(gw.dir.join("policy.toml")).unwrap();
+    let narrowed: String = text
+        .lines()
+        .filter(|line| !line.starts_with("shell = { commands = [\"sh\""))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert_ne!(narrowed, text);
+    std::fs::write(gw.dir.join("policy.toml"), narrowed).unwrap();
+    gw.signal("HUP");
+    let result = tokio::time::timeout(Duration::from_secs(5), handle.response())
+        .await
+        .expect("the command was not stopped");
+    assert_eq!(
+        code(&result),
+        Some(ErrorCode::PermissionDenied),
+        "{result:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(processes_with(&marker).is_empty(), "the command survived");
+    // The session itself goes on.
+    let files = alice
+        .request("file.list", json!({"root_id": "main", "path": ""}))
+        .await;
+    assert!(files.is_ok(), "{files:?}");
+    gw.assert_requests_audited(answered + 2);
+}

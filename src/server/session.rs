@@ -226,7 +226,7 @@ struct Session {
     principal: String,
     info: SessionInfo,
     outbox: Outbox,
-    in_flight: HashMap<RequestId, CancellationToken>,
+    in_flight: HashMap<RequestId, InFlight>,
     /// Requests in flight that take binary input: where their chunks go.
     inputs: HashMap<RequestId, InputRoute>,
     /// Capabilities named in `relay.accepted`; `None` until it arrives.
@@ -236,6 +236,15 @@ struct Session {
     /// answer cancelled requests get instead of `cancelled`.
     end_reason: Arc<OnceLock<ErrorBody>>,
     resources: SessionResources,
+}
+
+/// A request being executed.
+struct InFlight {
+    cancel: CancellationToken,
+    /// Decided again when the policy changes.
+    request: Request,
+    /// Set when a policy change stopped it: its answer.
+    revoked: Arc<OnceLock<ErrorBody>>,
 }
 
 /// Where the chunks of one request's input go.
@@ -367,8 +376,8 @@ impl Session {
     /// Cancels every request in flight; they answer with `code`.
     fn end(&mut self, code: ErrorCode, message: &str, policy: bool) -> Ending {
         let _ = self.end_reason.set(ErrorBody::new(code, message));
-        for token in self.in_flight.values() {
-            token.cancel();
+        for running in self.in_flight.values() {
+            running.cancel.cancel();
         }
         self.inputs.clear();
         Ending::Close {
@@ -410,8 +419,8 @@ impl Session {
                 self.handle_request(request, done, draining).await
             }
             Ok(Record::Frame(Frame::Cancel(cancel))) => {
-                if let Some(token) = self.in_flight.get(&cancel.id) {
-                    token.cancel();
+                if let Some(running) = self.in_flight.get(&cancel.id) {
+                    running.cancel.cancel();
                 }
                 // The provider sees its input end (`None`) and cleans up.
                 self.inputs.remove(&cancel.id);
@@ -680,7 +689,13 @@ impl Session {
             }
         }
         let cancel = CancellationToken::new();
-        self.in_flight.insert(id.clone(), cancel.clone());
+        let revoked = Arc::new(OnceLock::new());
+        let running = InFlight {
+            cancel: cancel.clone(),
+            request: request.clone(),
+            revoked: revoked.clone(),
+        };
+        self.in_flight.insert(id.clone(), running);
         self.info.in_flight.fetch_add(1, Ordering::Relaxed);
         let usage = Arc::new(Usage::default());
         let input = self
@@ -717,7 +732,8 @@ impl Session {
             let mut response = match gateway.dispatcher.run(call).await {
                 Ok(result) => Response::ok(id.clone(), result),
                 Err(error) if error.code == ErrorCode::Cancelled => {
-                    Response::err(id.clone(), end_reason.get().cloned().unwrap_or(error))
+                    let reason = revoked.get().or(end_reason.get()).cloned();
+                    Response::err(id.clone(), reason.unwrap_or(error))
                 }
                 Err(error) => Response::err(id.clone(), error),
             };
@@ -777,7 +793,7 @@ impl Session {
                 true,
             ));
         }
-        self.recheck_resources(&policy, now).await;
+        self.stop_what_is_no_longer_allowed(&policy, now).await;
         if granted != self.granted {
             let names = granted_names(&granted);
             if let Some(accepted) = &mut self.accepted {
@@ -794,15 +810,29 @@ impl Session {
         None
     }
 
-    /// Disposes of the resources whose creating request the policy no
-    /// longer allows as it did (a watch on a root since taken away).
-    async fn recheck_resources(&self, policy: &Policy, now: jiff::Timestamp) {
-        for (id, request) in self.resources.requests() {
-            let allowed = query_for(&request).is_ok_and(|query| {
+    /// Stops what the policy no longer allows: requests in flight (a
+    /// command whose grant was taken away is killed; it answers
+    /// `permission_denied`) and resources (a watch on a root since taken
+    /// away).
+    async fn stop_what_is_no_longer_allowed(&self, policy: &Policy, now: jiff::Timestamp) {
+        let allowed = |request: &Request| {
+            query_for(request).is_ok_and(|query| {
                 let decision = decide(policy, &self.principal, &query, now);
                 matches!(decision.verdict, Verdict::Allow)
-            });
-            if !allowed && self.resources.dispose(&id) {
+            })
+        };
+        for (id, running) in &self.in_flight {
+            if !allowed(&running.request) {
+                info!(session = self.info.id, request = %id, "request revoked by the policy");
+                let message = "the policy no longer allows this request; it was stopped";
+                let _ = running
+                    .revoked
+                    .set(ErrorBody::new(ErrorCode::PermissionDenied, message));
+                running.cancel.cancel();
+            }
+        }
+        for (id, request) in self.resources.requests() {
+            if !allowed(&request) && self.resources.dispose(&id) {
                 info!(session = self.info.id, resource = %id, "resource revoked by the policy");
                 let payload = json!({"id": id, "reason": "the policy no longer allows it"});
                 self.event("resource.disposed", payload).await;
