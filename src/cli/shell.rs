@@ -85,13 +85,9 @@ fn exit_code_of(result: &Value) -> ExitCode {
     if let Some(code) = result["exit_code"].as_i64() {
         return ExitCode::from(code.clamp(0, 255) as u8);
     }
-    let signal = match result["signal"].as_str() {
-        Some("SIGHUP") => 1,
-        Some("SIGINT") => 2,
-        Some("SIGKILL") => 9,
-        Some("SIGTERM") => 15,
-        Some(other) => other.trim_start_matches("SIG").parse().unwrap_or(0),
-        None => 0,
-    };
+    let signal = result["signal"]
+        .as_str()
+        .and_then(portcullis::shell::signal_number)
+        .unwrap_or(0);
     ExitCode::from(128 + signal.clamp(0, 127) as u8)
 }

@@ -471,30 +471,24 @@ impl Forward {
         {
             let pending = self.shared.take();
             let tracker = self.tracker.clone();
-            let changes: Vec<(String, &'static str)> = pending.changes.into_iter().collect();
-            let followed = changes.clone();
-            let was_complete = lock(&tracker).complete;
-            let now_complete = tokio::task::spawn_blocking(move || {
+            // Off the runtime's workers: following new directories opens
+            // them and waits on notify's thread.
+            let followed = tokio::task::spawn_blocking(move || {
                 let mut tracker = lock(&tracker);
-                for (rel, kind) in &followed {
-                    tracker.follow(rel, kind);
+                let was_complete = tracker.complete;
+                let mut changes = Vec::with_capacity(pending.changes.len());
+                for (rel, kind) in pending.changes {
+                    tracker.follow(&rel, kind);
+                    changes.push((tracker.root.virtual_path(&rel), kind));
                 }
-                tracker.complete
+                (changes, was_complete && !tracker.complete)
             })
-            .await
-            .unwrap_or(false);
-            let changes: Vec<(String, &str)> = {
-                let tracker = lock(&self.tracker);
-                let path = |rel: &str| tracker.root.virtual_path(rel);
-                changes
-                    .iter()
-                    .map(|(rel, kind)| (path(rel), *kind))
-                    .collect()
+            .await;
+            let Ok((changes, outgrown)) = followed else {
+                return;
             };
-            let mut dropped = pending.dropped;
-            if was_complete && !now_complete {
-                dropped += 1; // directories beyond MAX_DIRS go unwatched
-            }
+            // Directories beyond MAX_DIRS go unwatched: that is a loss too.
+            let dropped = pending.dropped + u64::from(outgrown);
             for (path, kind) in changes {
                 let payload = json!({
                     "watch": self.id,

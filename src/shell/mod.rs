@@ -310,25 +310,42 @@ fn inline(data: &[u8], encoding: Encoding) -> (String, usize) {
     }
 }
 
-fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        10 => "SIGUSR1",
-        11 => "SIGSEGV",
-        12 => "SIGUSR2",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        _ => return format!("SIG{signal}"),
-    };
-    name.to_string()
+/// The signals the shell names, with their numbers on Linux.
+pub const SIGNALS: &[(&str, i32)] = &[
+    ("SIGHUP", 1),
+    ("SIGINT", 2),
+    ("SIGQUIT", 3),
+    ("SIGILL", 4),
+    ("SIGABRT", 6),
+    ("SIGBUS", 7),
+    ("SIGFPE", 8),
+    ("SIGKILL", 9),
+    ("SIGUSR1", 10),
+    ("SIGSEGV", 11),
+    ("SIGUSR2", 12),
+    ("SIGPIPE", 13),
+    ("SIGALRM", 14),
+    ("SIGTERM", 15),
+    ("SIGCONT", 18),
+    ("SIGSTOP", 19),
+];
+
+/// `SIGTERM` for 15; `SIG40` for a signal without a name here.
+pub fn signal_name(signal: i32) -> String {
+    SIGNALS
+        .iter()
+        .find(|(_, n)| *n == signal)
+        .map_or_else(|| format!("SIG{signal}"), |(name, _)| name.to_string())
+}
+
+/// 15 for `SIGTERM` or `TERM`, and for `SIG15`.
+pub fn signal_number(name: &str) -> Option<i32> {
+    let bare = name.trim_start_matches("SIG");
+    SIGNALS
+        .iter()
+        .find(|(known, _)| known[3..] == *bare)
+        .map(|(_, n)| *n)
+        .or_else(|| bare.parse().ok())
 }
 
 /// SIGKILL to the command's process group (the launcher made it one with
@@ -464,6 +481,28 @@ impl Drop for ProcessSlot {
         let mut running = running().lock().unwrap_or_else(|e| e.into_inner());
         if let Some(count) = running.get_mut(&self.principal) {
             *count = count.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_names_and_numbers_round_trip() {
+        assert_eq!(signal_name(15), "SIGTERM");
+        assert_eq!(signal_name(40), "SIG40");
+        assert_eq!(signal_number("SIGKILL"), Some(9));
+        assert_eq!(signal_number("TERM"), Some(15));
+        assert_eq!(signal_number("SIG40"), Some(40));
+        assert_eq!(signal_number("BOGUS"), None);
+        for (name, number) in SIGNALS {
+            assert_eq!(
+                signal_number(&signal_name(*number)),
+                Some(*number),
+                "{name}"
+            );
         }
     }
 }

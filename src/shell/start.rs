@@ -259,22 +259,17 @@ struct SignalParams {
 
 pub async fn signal(call: Call) -> Result<Value, ErrorBody> {
     let p: SignalParams = params(&call.request)?;
-    let signal = match p.signal.trim_start_matches("SIG") {
-        "TERM" => Signal::TERM,
-        "INT" => Signal::INT,
-        "KILL" => Signal::KILL,
-        "HUP" => Signal::HUP,
-        "QUIT" => Signal::QUIT,
-        "USR1" => Signal::USR1,
-        "USR2" => Signal::USR2,
-        "STOP" => Signal::STOP,
-        "CONT" => Signal::CONT,
-        other => {
-            return Err(invalid(format!(
-                "signal `{other}`: one of TERM, INT, KILL, HUP, QUIT, USR1, USR2, STOP, CONT"
-            )));
-        }
-    };
+    // Only these may be sent; the names are the ones `shell.exec` reports.
+    const SENDABLE: &[&str] = &[
+        "TERM", "INT", "KILL", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT",
+    ];
+    let bare = p.signal.trim_start_matches("SIG");
+    let signal = SENDABLE
+        .contains(&bare)
+        .then(|| super::signal_number(bare))
+        .flatten()
+        .and_then(Signal::from_named_raw)
+        .ok_or_else(|| invalid(format!("signal `{bare}`: one of {}", SENDABLE.join(", "))))?;
     let pid = owned(&call.principal, &p.process_id, |e| e.pid)?;
     let sent = pid
         .and_then(rustix::process::Pid::from_raw)
