@@ -230,6 +230,8 @@ pub struct ShellTerms {
     pub network: Network,
     pub max_processes: u32,
     pub persist: bool,
+    pub idle_timeout: Duration,
+    pub limits: ProcessLimits,
     /// Roots the child may write (`rw`) or read, for its sandbox.
     pub roots: BTreeMap<String, Mode>,
     /// The same roots' host directories (the operator's word), which the
@@ -588,6 +590,8 @@ fn shell(
             network: shell.network,
             max_processes: shell.max_processes,
             persist: shell.persist,
+            idle_timeout: shell.idle_timeout,
+            limits: shell.limits,
             roots,
         };
         return allow(

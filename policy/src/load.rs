@@ -301,6 +301,14 @@ impl Validator<'_> {
                 );
             }
         }
+        if let Some(n) = &raw.max_open_files
+            && *n.get_ref() < 16
+        {
+            self.error(
+                n.span(),
+                format!("grant `{grant}`: max_open_files must be at least 16 (a program needs a few to start)"),
+            );
+        }
         let max_processes = raw.max_processes.map(|m| {
             if *m.get_ref() == 0 {
                 self.error(
@@ -327,6 +335,14 @@ impl Validator<'_> {
             network: raw.network.unwrap_or(Network::Deny),
             max_processes: max_processes.unwrap_or(4),
             persist: raw.persist,
+            idle_timeout: raw
+                .idle_timeout
+                .map_or(std::time::Duration::from_secs(600), |d| d.0),
+            limits: ProcessLimits {
+                memory: raw.max_memory.map(|s| s.0),
+                file_size: raw.max_file_size.map(|s| s.0),
+                open_files: raw.max_open_files.map(Spanned::into_inner),
+            },
         }
     }
 

@@ -77,6 +77,22 @@ pub struct ShellGrant {
     pub max_processes: u32,
     /// Whether processes survive the session that started them.
     pub persist: bool,
+    /// A persistent process nobody follows is ended after this long without
+    /// output, input or attach; an exited one is forgotten.
+    pub idle_timeout: Duration,
+    pub limits: ProcessLimits,
+}
+
+/// Resource limits (rlimits) every child of a grant runs under; `None` is
+/// the daemon's own limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessLimits {
+    /// Bytes of address space (`RLIMIT_AS`).
+    pub memory: Option<u64>,
+    /// Bytes one file may grow to (`RLIMIT_FSIZE`).
+    pub file_size: Option<u64>,
+    /// Open descriptors (`RLIMIT_NOFILE`).
+    pub open_files: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -96,6 +96,14 @@ pub(crate) struct RawShell {
     pub max_processes: Option<Spanned<u32>>,
     #[serde(default)]
     pub persist: bool,
+    #[serde(default)]
+    pub idle_timeout: Option<DurationValue>,
+    #[serde(default)]
+    pub max_memory: Option<SizeValue>,
+    #[serde(default)]
+    pub max_file_size: Option<SizeValue>,
+    #[serde(default)]
+    pub max_open_files: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]

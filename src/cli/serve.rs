@@ -81,6 +81,7 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
         }
     };
     tokio::spawn(server::admin::serve(gateway.clone(), admin));
+    tokio::spawn(portcullis::shell::process::keep(gateway.clone()));
     if !gateway.config.audit.retains_everything() {
         tokio::spawn(retention(gateway.clone()));
     }
@@ -118,6 +119,8 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
     while gateway.sessions.count() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Started processes were stopped with the shutdown; let them go first.
+    portcullis::shell::process::all_exited(Duration::from_secs(3)).await;
     // Sign the tail of the audit log, so a stopped log is fully covered.
     gateway.audit.checkpoint().await;
     if gateway.sessions.count() > 0 {

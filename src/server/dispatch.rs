@@ -57,6 +57,10 @@ pub struct Call {
     pub usage: Arc<Usage>,
     /// What the session holds (watches); where a call adds a resource.
     pub resources: SessionResources,
+    /// Set, before `cancel` fires, when the session itself ends (the
+    /// connection closed, a revocation, shutdown): a cancel without it was
+    /// asked for. A persistent process outlives the first, not the second.
+    pub session_end: Arc<std::sync::OnceLock<ErrorBody>>,
 }
 
 /// Data a request moved, counted as it moves.

@@ -71,6 +71,21 @@ pub fn query_for(request: &Request) -> Result<Query, ErrorBody> {
     })
 }
 
+/// Whether the policy still allows `request` for `principal` now: how a
+/// policy change is applied to what already runs (requests in flight,
+/// resources, persistent processes).
+pub fn still_allowed(
+    policy: &portcullis_policy::Policy,
+    principal: &str,
+    request: &Request,
+    now: jiff::Timestamp,
+) -> bool {
+    query_for(request).is_ok_and(|query| {
+        let decision = portcullis_policy::decide(policy, principal, &query, now);
+        matches!(decision.verdict, portcullis_policy::Verdict::Allow)
+    })
+}
+
 fn invalid(message: &str) -> ErrorBody {
     ErrorBody::new(ErrorCode::InvalidRequest, message)
 }

@@ -1,8 +1,12 @@
-//! What a session holds beyond its requests: file watches (and, later,
-//! persistent processes). A resource is created by a request, listed by
-//! `resource.list`, ended by `resource.dispose`, by a policy change that
-//! no longer allows the request that made it, or by the end of the session.
-//! Dropping a resource's guard stops it.
+//! What a session holds beyond its requests: file watches. A resource is
+//! created by a request, listed by `resource.list`, ended by
+//! `resource.dispose`, by a policy change that no longer allows the request
+//! that made it, or by the end of the session. Dropping a resource's guard
+//! stops it.
+//!
+//! The principal's started processes (`shell::process`) are listed and
+//! disposed of here too (kind `process`): they belong to the principal,
+//! not the session, and end by their own rules (exit, `idle_timeout`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -158,8 +162,21 @@ impl Provider for Resources {
     fn call(&self, call: Call) -> Reply {
         Box::pin(async move {
             let resources = call.resources;
+            let processes = || {
+                crate::shell::process::of(&call.principal)
+                    .iter()
+                    .map(|p| {
+                        let mut info = p.describe();
+                        info["id"] = json!(p.id);
+                        info["kind"] = json!("process");
+                        info
+                    })
+                    .collect::<Vec<_>>()
+            };
             if call.request.method == "resource.list" {
-                return Ok(json!({ "resources": resources.list() }));
+                let mut all = resources.list();
+                all.extend(processes());
+                return Ok(json!({ "resources": all }));
             }
             let Some(id) = call.request.params.get("id").and_then(Value::as_str) else {
                 return Err(ErrorBody::new(
@@ -170,18 +187,26 @@ impl Provider for Resources {
             let not_found = || {
                 ErrorBody::new(
                     ErrorCode::NotFound,
-                    format!("this session holds no resource `{id}`"),
+                    format!("no resource `{id}` in this session or process of yours"),
                 )
             };
             if call.request.method == "resource.get" {
-                let all = resources.list();
+                let mut all = resources.list();
+                all.extend(processes());
                 let found = all.into_iter().find(|r| r["id"] == id);
                 return found.ok_or_else(not_found);
             }
-            match resources.dispose(id) {
-                true => Ok(json!({ "id": id, "disposed": true })),
-                false => Err(not_found()),
+            if resources.dispose(id) {
+                return Ok(json!({ "id": id, "disposed": true }));
             }
+            let Ok(process) = crate::shell::process::find(&call.principal, id) else {
+                return Err(not_found());
+            };
+            // A process is stopped (if it runs) and forgotten.
+            process.stop(crate::shell::process::StopReason::Disposed);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(4), process.exited()).await;
+            crate::shell::process::forget(id);
+            Ok(json!({ "id": id, "disposed": true }))
         })
     }
 }

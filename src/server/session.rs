@@ -40,7 +40,7 @@ use crate::frame::{
 };
 use crate::record::{self, Channel, Record, RecordError};
 use crate::server::dispatch::{Call, Outbound, Outbox, StreamSink, Usage};
-use crate::server::query::query_for;
+use crate::server::query::{query_for, still_allowed};
 use crate::server::resources::SessionResources;
 use crate::server::state::{Gateway, SessionInfo};
 
@@ -721,6 +721,7 @@ impl Session {
             input,
             usage: usage.clone(),
             resources: self.resources.clone(),
+            session_end: self.end_reason.clone(),
         };
         let (gateway, outbox, done, end_reason) = (
             self.gateway.clone(),
@@ -815,12 +816,7 @@ impl Session {
     /// `permission_denied`) and resources (a watch on a root since taken
     /// away).
     async fn stop_what_is_no_longer_allowed(&self, policy: &Policy, now: jiff::Timestamp) {
-        let allowed = |request: &Request| {
-            query_for(request).is_ok_and(|query| {
-                let decision = decide(policy, &self.principal, &query, now);
-                matches!(decision.verdict, Verdict::Allow)
-            })
-        };
+        let allowed = |request: &Request| still_allowed(policy, &self.principal, request, now);
         for (id, running) in &self.in_flight {
             if !allowed(&running.request) {
                 info!(session = self.info.id, request = %id, "request revoked by the policy");

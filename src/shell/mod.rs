@@ -1,6 +1,7 @@
 //! The `shell` capability: `shell.exec`, a one-shot command whose output
 //! comes back in the response, and `shell.start` with the methods that act
-//! on a started process (`start.rs`).
+//! on a started process (`start.rs`), whose output and state live in
+//! `process.rs`; terminals in `pty.rs`.
 //!
 //! Policy has decided the program, the working directory (a root and path)
 //! and the child's whole environment ([`ShellTerms`]). Here the program is
@@ -9,8 +10,11 @@
 //! beside the daemon's binary) is started, which confines itself and execs
 //! the program. Every exit
 //! (normal, timeout, cancel) ends with SIGKILL to the command's process
-//! group: nothing an exec started outlives it.
+//! group (for a terminal, to its whole session): nothing a command started
+//! outlives it.
 
+pub mod process;
+mod pty;
 pub mod sandbox;
 mod start;
 
@@ -50,6 +54,8 @@ impl Provider for Shell {
             "shell.cancel",
             "shell.status",
             "shell.list",
+            "shell.attach",
+            "shell.resize",
         ]
     }
 
@@ -66,6 +72,8 @@ impl Provider for Shell {
             "shell.cancel" => Box::pin(start::cancel(call)),
             "shell.status" => Box::pin(start::status(call)),
             "shell.list" => Box::pin(start::list(call)),
+            "shell.attach" => Box::pin(start::attach(call)),
+            "shell.resize" => Box::pin(start::resize(call)),
             _ => Box::pin(exec(call)),
         }
     }
@@ -98,7 +106,10 @@ fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorB
 async fn exec(call: Call) -> Result<Value, ErrorBody> {
     let p: ExecParams = params(&call.request)?;
     let terms = shell_terms(call.terms)?;
-    let mut running = spawn(&call.principal, &terms, &p.command, p.stdin.is_some())?;
+    let io = Io::Piped {
+        stdin: p.stdin.is_some(),
+    };
+    let mut running = spawn(&call.principal, &terms, &p.command, io)?;
     let cap = terms.output_limit.min(OUTPUT_CAP as u64) as usize;
     let stdout = tokio::spawn(read_capped(running.child.stdout.take(), cap));
     let stderr = tokio::spawn(read_capped(running.child.stderr.take(), cap));
@@ -134,9 +145,6 @@ async fn exec(call: Call) -> Result<Value, ErrorBody> {
 
 fn shell_terms(terms: Terms) -> Result<ShellTerms, ErrorBody> {
     match terms {
-        Terms::Shell(terms) if terms.pty => {
-            Err(invalid("terminals are not served yet; run without `pty`"))
-        }
         Terms::Shell(terms) => Ok(terms),
         _ => Err(provider_error(
             "a shell method reached the shell without shell terms",
@@ -168,17 +176,30 @@ pub(crate) struct Running {
     pub child: tokio::process::Child,
     pub pid: Option<Pid>,
     pub started: Instant,
+    /// A terminal's session may hold process groups of its own (jobs).
+    terminal: bool,
     _slot: ProcessSlot,
 }
 
+/// What the command's stdin, stdout and stderr are.
+pub(crate) enum Io<'a> {
+    /// Output piped; stdin piped too, or `/dev/null`.
+    Piped { stdin: bool },
+    /// All three the user side of this terminal.
+    Terminal(&'a pty::Pty),
+}
+
+/// What a terminal's `TERM` is when the request does not set one.
+const DEFAULT_TERM: &str = "xterm-256color";
+
 /// Starts `command` as the terms allow: program resolved, working
 /// directory opened beneath its root, exact environment, the launcher in
-/// front. Output is piped; stdin too when `stdin`, else `/dev/null`.
+/// front.
 pub(crate) fn spawn(
     principal: &str,
     terms: &ShellTerms,
     command: &[String],
-    stdin: bool,
+    io: Io,
 ) -> Result<Running, ErrorBody> {
     let Some((program, args)) = command.split_first() else {
         return Err(invalid("`command` must name a program"));
@@ -186,27 +207,41 @@ pub(crate) fn spawn(
     let slot = ProcessSlot::take(principal, terms.max_processes)?;
     let program = resolve(program, &terms.env)?;
     let cwd = WorkingDir::open(terms)?;
-    let mut launch = launcher(terms, &program, args)?;
-    let stdin = if stdin { Stdio::piped() } else { Stdio::null() };
-    launch
-        .env_clear()
-        .envs(&terms.env)
-        .current_dir(cwd.path())
-        .stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    let terminal = matches!(io, Io::Terminal(_));
+    let mut launch = launcher(terms, &program, args, terminal)?;
+    launch.env_clear().envs(&terms.env).current_dir(cwd.path());
+    match io {
+        Io::Piped { stdin } => {
+            let stdin = if stdin { Stdio::piped() } else { Stdio::null() };
+            launch
+                .stdin(stdin)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+        }
+        Io::Terminal(pty) => {
+            let [stdin, stdout, stderr] = pty
+                .stdio()
+                .map_err(|e| provider_error(format!("the terminal: {e}")))?;
+            launch.stdin(stdin).stdout(stdout).stderr(stderr);
+            if !terms.env.contains_key("TERM") {
+                launch.env("TERM", DEFAULT_TERM);
+            }
+        }
+    }
+    launch.kill_on_drop(true);
     let started = Instant::now();
     let child = launch
         .spawn()
         .map_err(|e| provider_error(format!("cannot start the command: {e}")))?;
-    // The child has changed into the directory; the handle may close.
-    drop(cwd);
+    // The child has changed into the directory and holds its terminal side
+    // (dropping `launch` closes ours, so the terminal ends with the child).
+    drop((cwd, launch));
     let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
     Ok(Running {
         child,
         pid,
         started,
+        terminal,
         _slot: slot,
     })
 }
@@ -234,6 +269,9 @@ impl Running {
             () = also_cancelled => Outcome::Stopped,
         };
         kill_group(self.pid);
+        if self.terminal {
+            kill_session(self.pid);
+        }
         let status = match outcome {
             Outcome::Exited(ref status) => match status {
                 Ok(status) => Ok(*status),
@@ -247,7 +285,7 @@ impl Running {
 }
 
 /// Waits (a little) for an output reader after the group was killed.
-async fn drained<T: Default>(task: tokio::task::JoinHandle<T>) -> T {
+async fn drained<T: Default, E>(task: impl Future<Output = Result<T, E>>) -> T {
     match tokio::time::timeout(DRAIN_GRACE, task).await {
         Ok(Ok(value)) => value,
         _ => T::default(),
@@ -357,6 +395,23 @@ fn kill_group(pid: Option<Pid>) {
     }
 }
 
+/// SIGKILL to every process of the command's session: a terminal's shell
+/// puts each job in a process group of its own. Linux has no call for a
+/// session, so `/proc` is scanned (only when a terminal ends).
+fn kill_session(leader: Option<Pid>) {
+    let Some(leader) = leader else { return };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let members = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(Pid::from_raw)
+        .filter(|pid| rustix::process::getsid(Some(*pid)).is_ok_and(|sid| sid == leader));
+    for pid in members {
+        let _ = rustix::process::kill_process(pid, Signal::KILL);
+    }
+}
+
 /// Where the launcher is: `portcullis-sandbox` beside this binary.
 fn launcher_path() -> Result<&'static Path, ErrorBody> {
     static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
@@ -377,6 +432,7 @@ fn launcher(
     terms: &ShellTerms,
     program: &Path,
     args: &[String],
+    terminal: bool,
 ) -> Result<tokio::process::Command, ErrorBody> {
     let mut command = tokio::process::Command::new(launcher_path()?);
     for (path, mode) in &terms.host_roots {
@@ -385,6 +441,19 @@ fn launcher(
     }
     if terms.network == Network::Deny {
         command.arg("--deny-network");
+    }
+    if terminal {
+        command.arg("--tty");
+    }
+    let limits = [
+        ("memory", terms.limits.memory),
+        ("file_size", terms.limits.file_size),
+        ("open_files", terms.limits.open_files),
+    ];
+    for (name, value) in limits {
+        if let Some(value) = value {
+            command.arg("--limit").arg(format!("{name}={value}"));
+        }
     }
     command.arg("--").arg(program).args(args);
     Ok(command)

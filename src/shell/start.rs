@@ -1,219 +1,299 @@
 //! `shell.start` and the methods that act on a started process:
-//! `shell.input`, `shell.signal`, `shell.cancel`, `shell.status`,
-//! `shell.list`.
+//! `shell.attach`, `shell.input`, `shell.resize`, `shell.signal`,
+//! `shell.cancel`, `shell.status`, `shell.list`.
 //!
-//! `shell.start` runs as long as its process: first a `started` stream
-//! frame with the process id, then the output as chunks (channel 1 stdout,
-//! 2 stderr) in order, then the terminal response with the exit status.
-//! Output is sent as it comes; a slow client slows the process through the
-//! pipe (the byte-bounded replay ring that decouples them comes with
-//! persistent processes). Processes live in a daemon-wide table, visible
-//! and controllable only by the principal that started them.
-
-use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+//! `shell.start` launches the process, whose output goes into its ring
+//! (`process.rs`) and whose supervisor task waits for the exit; the
+//! request then follows the ring like any attached reader: a `started`
+//! stream frame, the output as chunks (channel 1 stdout, 2 stderr, 5 a
+//! terminal) in order, then the terminal response with the exit status.
+//! `shell.attach` does the same from a given sequence number, for a
+//! process that is still running or has exited and is still kept.
 
 use base64::Engine as _;
 use bytes::Bytes;
 use rustix::process::Signal;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
-use super::{Outcome, drained, exit_result, invalid, params, shell_terms, spawn, time_limit};
+use super::process::{self, Process, Spec, StdinChunk, StopReason};
+use super::pty::{self, Pty};
+use super::{
+    DRAIN_GRACE, Io, drained, exit_result, invalid, params, provider_error, shell_terms, spawn,
+    time_limit,
+};
 use crate::files::Encoding;
 use crate::frame::{ErrorBody, ErrorCode};
 use crate::record::Channel;
-use crate::server::dispatch::{Call, StreamSink};
+use crate::server::dispatch::Call;
 
 #[derive(Deserialize)]
 struct StartParams {
     command: Vec<String>,
     timeout_ms: Option<u64>,
-}
-
-/// One started process, as `shell.list` shows it.
-struct Entry {
-    owner: String,
-    command: Vec<String>,
-    pid: Option<i32>,
-    started_at: String,
-    stdin: mpsc::Sender<StdinChunk>,
-    stop: CancellationToken,
-}
-
-enum StdinChunk {
-    Data(Bytes),
-    End,
-}
-
-#[derive(Default)]
-struct Table {
-    next: u64,
-    by_id: BTreeMap<String, Entry>,
-}
-
-fn table() -> MutexGuard<'static, Table> {
-    static TABLE: OnceLock<Mutex<Table>> = OnceLock::new();
-    TABLE
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+    /// Run in a terminal (the grant's `pty` must allow it).
+    #[serde(default)]
+    pty: bool,
+    cols: Option<u16>,
+    rows: Option<u16>,
 }
 
 pub async fn start(call: Call) -> Result<Value, ErrorBody> {
     let p: StartParams = params(&call.request)?;
-    let terms = shell_terms(call.terms)?;
-    let mut running = spawn(&call.principal, &terms, &p.command, true)?;
-    let (stdin_tx, stdin_rx) = mpsc::channel(16);
-    let stop = CancellationToken::new();
-    let id = {
-        let mut table = table();
-        table.next += 1;
-        let id = format!("p{}", table.next);
-        let entry = Entry {
-            owner: call.principal.clone(),
-            command: p.command.clone(),
-            pid: running.pid.map(|pid| pid.as_raw_nonzero().get()),
-            started_at: jiff::Timestamp::now().to_string(),
-            stdin: stdin_tx,
-            stop: stop.clone(),
-        };
-        table.by_id.insert(id.clone(), entry);
-        id
-    };
-    // Whatever happens below, the entry goes when this call ends.
-    let _listed = Listed(id.clone());
-    let started = json!({"process_id": id, "pid": running.pid.map(|p| p.as_raw_nonzero().get())});
+    let terms = shell_terms(call.terms.clone())?;
+    let process = launch(&call, &p, &terms)?;
+    let started = json!({
+        "process_id": process.id,
+        "pid": process.pid,
+        "terminal": process.terminal.is_some(),
+        "persist": process.persist,
+    });
+    process.watch(call.resources.events());
     if call.stream.event("started", started).await.is_err() {
-        return Err(ErrorBody::new(ErrorCode::Cancelled, "the session ended"));
+        return Err(let_go(&call, &process, true, true));
     }
-    let limit = terms.output_limit;
-    let out = tokio::spawn(pump(
-        running.child.stdout.take(),
-        call.stream.clone(),
-        Channel::Stdout,
-        limit,
-    ));
-    let err = tokio::spawn(pump(
-        running.child.stderr.take(),
-        call.stream.clone(),
-        Channel::Stderr,
-        limit,
-    ));
-    if let Some(stdin) = running.child.stdin.take() {
-        tokio::spawn(feed(stdin, stdin_rx, call.usage.clone()));
+    follow(&call, &process, 0, true).await
+}
+
+/// Starts the process with its output pumps, stdin feeder and supervisor.
+fn launch(
+    call: &Call,
+    p: &StartParams,
+    terms: &portcullis_policy::ShellTerms,
+) -> Result<Arc<Process>, ErrorBody> {
+    let size = (
+        p.cols.unwrap_or(pty::DEFAULT_SIZE.0).clamp(1, 1000),
+        p.rows.unwrap_or(pty::DEFAULT_SIZE.1).clamp(1, 1000),
+    );
+    let terminal = match p.pty {
+        true => Some(
+            Pty::open(size.0, size.1)
+                .map_err(|e| provider_error(format!("cannot open a terminal: {e}")))?,
+        ),
+        false => None,
+    };
+    let io = match &terminal {
+        Some(pty) => Io::Terminal(pty),
+        None => Io::Piped { stdin: true },
+    };
+    let mut running = spawn(&call.principal, terms, &p.command, io)?;
+    let (stdin_tx, stdin_rx) = mpsc::channel(16);
+    let process = process::register(Spec {
+        owner: call.principal.clone(),
+        request: call.request.clone(),
+        command: p.command.clone(),
+        pid: running.pid.map(|pid| pid.as_raw_nonzero().get()),
+        persist: terms.persist,
+        idle_timeout: terms.idle_timeout,
+        terminal: terminal.as_ref().map(|t| t.master.clone()),
+        output_limit: terms.output_limit,
+        stdin: stdin_tx,
+    });
+    let mut pumps: Vec<tokio::sync::oneshot::Receiver<()>> = Vec::new();
+    match &terminal {
+        Some(pty) => {
+            let sink = process.clone();
+            let push = move |data: &[u8]| sink.output.push(Channel::Terminal, data);
+            match pty::pump(&pty.master, push) {
+                Ok(done) => pumps.push(done),
+                Err(e) => tracing::warn!("terminal output of {}: {e}", process.id),
+            }
+            match pty.master.try_clone() {
+                Ok(fd) => {
+                    let writer = tokio::fs::File::from_std(std::fs::File::from(fd));
+                    tokio::spawn(feed(writer, stdin_rx, process.clone()));
+                }
+                Err(e) => tracing::warn!("terminal input of {}: {e}", process.id),
+            }
+        }
+        None => {
+            for (pipe, channel) in [
+                (running.child.stdout.take().map(Pipe::Out), Channel::Stdout),
+                (running.child.stderr.take().map(Pipe::Err), Channel::Stderr),
+            ] {
+                let (done, finished) = tokio::sync::oneshot::channel();
+                let sink = process.clone();
+                tokio::spawn(async move {
+                    pump(pipe, &sink, channel).await;
+                    let _ = done.send(());
+                });
+                pumps.push(finished);
+            }
+            if let Some(stdin) = running.child.stdin.take() {
+                tokio::spawn(feed(stdin, stdin_rx, process.clone()));
+            }
+        }
     }
-    let (outcome, status) = running
-        .wait(time_limit(p.timeout_ms, &terms), &call.cancel, Some(&stop))
-        .await?;
-    if let Outcome::Cancelled = outcome {
-        return Err(ErrorBody::new(
-            ErrorCode::Cancelled,
-            "the process was killed: cancelled",
-        ));
-    }
-    let (out, err) = (drained(out).await, drained(err).await);
-    let mut result = exit_result(&status, &outcome, running.started);
-    result["process_id"] = json!(id);
-    result["cancelled"] = json!(matches!(outcome, Outcome::Stopped));
-    result["stdout_bytes"] = json!(out.total);
-    result["stderr_bytes"] = json!(err.total);
-    result["output_truncated"] = json!(out.truncated || err.truncated);
+    // The child holds its terminal side now; ours must close for the
+    // output to end when the child does.
+    drop(terminal);
+    let limit = time_limit(p.timeout_ms, terms);
+    let supervised = process.clone();
+    tokio::spawn(async move {
+        let never = tokio_util::sync::CancellationToken::new();
+        let waited = running
+            .wait(limit, &never, Some(supervised.stop_token()))
+            .await;
+        for pump in pumps {
+            drained(pump).await;
+        }
+        supervised.output.close();
+        let result = match waited {
+            Ok((outcome, status)) => {
+                let mut result = exit_result(&status, &outcome, running.started);
+                let ended_by = match outcome {
+                    super::Outcome::Exited(_) => "exit",
+                    super::Outcome::TimedOut => "timeout",
+                    _ => supervised
+                        .stop_reason()
+                        .map_or("cancelled", StopReason::as_str),
+                };
+                result["ended_by"] = json!(ended_by);
+                result["cancelled"] = json!(ended_by == "cancelled");
+                result
+            }
+            Err(e) => {
+                json!({"exit_code": null, "signal": null, "ended_by": "error", "error": e.message})
+            }
+        };
+        // The process slot is free once the process is gone.
+        drop(running);
+        supervised.finish(result);
+        if !supervised.persist {
+            process::forget(&supervised.id);
+        }
+    });
+    Ok(process)
+}
+
+/// Follows the output from `seq` to its end, then answers with the exit
+/// result. A `cancel` of the request that started the process stops it;
+/// the end of a session stops it unless it persists; a `cancel` of an
+/// attach only detaches.
+async fn follow(
+    call: &Call,
+    process: &Arc<Process>,
+    seq: u64,
+    owner: bool,
+) -> Result<Value, ErrorBody> {
+    let _following = process.follow();
+    let streamed = tokio::select! {
+        streamed = process::stream(process, seq, &call.stream) => streamed,
+        () = call.cancel.cancelled() => return Err(let_go(call, process, owner, false)),
+    };
+    let Ok(missed) = streamed else {
+        return Err(let_go(call, process, owner, true));
+    };
+    let mut result = tokio::select! {
+        result = process.exited() => result,
+        () = call.cancel.cancelled() => return Err(let_go(call, process, owner, false)),
+    };
+    result["process_id"] = json!(process.id);
+    result["stdout_bytes"] = json!(process.output.written(Channel::Stdout));
+    result["stderr_bytes"] = json!(process.output.written(Channel::Stderr));
+    result["terminal_bytes"] = json!(process.output.written(Channel::Terminal));
+    result["output_truncated"] = json!(process.output.over_limit() > 0);
+    result["missed_bytes"] = json!(missed);
     Ok(result)
 }
 
-/// Removes a process from the table when its `shell.start` ends.
-struct Listed(String);
+/// The answer when a follower stops following, and what happens to the
+/// process: the request that started it stops it (a `cancel`, or the end
+/// of its session unless the process persists); an attach just lets go.
+/// `gone`: the session can no longer be written to (it is ending).
+fn let_go(call: &Call, process: &Process, owner: bool, gone: bool) -> ErrorBody {
+    let session_ended = gone || call.session_end.get().is_some();
+    if !owner || (session_ended && process.persist) {
+        return ErrorBody::new(
+            ErrorCode::Cancelled,
+            "detached; the process keeps running (shell.attach follows it again)",
+        );
+    }
+    process.stop(match session_ended {
+        true => StopReason::SessionEnded,
+        false => StopReason::Cancelled,
+    });
+    ErrorBody::new(ErrorCode::Cancelled, "the process was killed: cancelled")
+}
 
-impl Drop for Listed {
-    fn drop(&mut self) {
-        table().by_id.remove(&self.0);
+enum Pipe {
+    Out(tokio::process::ChildStdout),
+    Err(tokio::process::ChildStderr),
+}
+
+impl Pipe {
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Out(pipe) => pipe.read(buf).await,
+            Self::Err(pipe) => pipe.read(buf).await,
+        }
     }
 }
 
-#[derive(Default)]
-struct Pumped {
-    total: u64,
-    truncated: bool,
-}
-
-/// Streams one output pipe as chunks until it closes; past `limit` bytes
-/// the output is counted and dropped.
-async fn pump(
-    pipe: Option<impl AsyncRead + Unpin>,
-    sink: StreamSink,
-    channel: Channel,
-    limit: u64,
-) -> Pumped {
-    let mut pumped = Pumped::default();
-    let Some(mut pipe) = pipe else {
-        return pumped;
-    };
-    let piece = crate::record::chunk_capacity(sink.id()).clamp(1, 32 * 1024);
-    let mut buf = vec![0u8; piece];
+/// Moves one output pipe into the ring until it closes.
+async fn pump(pipe: Option<Pipe>, process: &Process, channel: Channel) {
+    let Some(mut pipe) = pipe else { return };
+    let mut buf = vec![0u8; 32 * 1024];
     while let Ok(n @ 1..) = pipe.read(&mut buf).await {
-        let room = limit.saturating_sub(pumped.total) as usize;
-        pumped.total += n as u64;
-        if room < n {
-            pumped.truncated = true;
-        }
-        let send = n.min(room);
-        if send > 0
-            && sink
-                .chunk(channel, Bytes::copy_from_slice(&buf[..send]))
-                .await
-                .is_err()
-        {
-            break;
-        }
+        process.output.push(channel, &buf[..n]);
     }
-    pumped
 }
 
-/// Writes what `shell.input` sends to the process's stdin.
+/// Writes what `shell.input` sends to the process's stdin (or terminal).
 async fn feed(
-    mut stdin: tokio::process::ChildStdin,
+    mut stdin: impl AsyncWrite + Unpin,
     mut input: mpsc::Receiver<StdinChunk>,
-    usage: std::sync::Arc<crate::server::dispatch::Usage>,
+    process: Arc<Process>,
 ) {
     while let Some(StdinChunk::Data(data)) = input.recv().await {
-        usage.add_in(data.len());
-        if stdin.write_all(&data).await.is_err() {
+        process.touch();
+        if stdin.write_all(&data).await.is_err() || stdin.flush().await.is_err() {
             return;
         }
     }
-    // `End`, or the process is gone: stdin closes when dropped.
+    // `End`, or the process is gone: stdin closes when dropped (a terminal
+    // stays open; `eof` there is ^D in the data).
+}
+
+#[derive(Deserialize)]
+struct AttachParams {
+    process_id: String,
+    /// Replay from this sequence number; default: the oldest output kept.
+    from_seq: Option<u64>,
+}
+
+/// Follows a process of the caller's from `from_seq` (or the oldest
+/// output kept): an `attached` stream frame saying what is replayed and
+/// whether anything asked for is gone, then the output, then its exit.
+pub async fn attach(call: Call) -> Result<Value, ErrorBody> {
+    let p: AttachParams = params(&call.request)?;
+    let process = process::find(&call.principal, &p.process_id)?;
+    let (first, next) = process.output.span();
+    let from = p.from_seq.unwrap_or(first);
+    let attached = json!({
+        "process_id": process.id,
+        "from_seq": from,
+        "first_seq": first,
+        "next_seq": next,
+        "truncated": from < first || (p.from_seq.is_none() && first > 0),
+        "terminal": process.terminal.is_some(),
+        "state": if process.running() { "running" } else { "exited" },
+    });
+    if process.running() {
+        process.watch(call.resources.events());
+    }
+    if call.stream.event("attached", attached).await.is_err() {
+        return Err(ErrorBody::new(ErrorCode::Cancelled, "the session ended"));
+    }
+    follow(&call, &process, from, false).await
 }
 
 #[derive(Deserialize)]
 struct ProcessParams {
     process_id: String,
-}
-
-/// The caller's own process `id`; anyone else's is `not_found` too, so
-/// ids of other principals' processes are not disclosed.
-fn owned<T>(principal: &str, id: &str, f: impl FnOnce(&Entry) -> T) -> Result<T, ErrorBody> {
-    let table = table();
-    match table.by_id.get(id) {
-        Some(entry) if entry.owner == principal => Ok(f(entry)),
-        _ => Err(ErrorBody::new(
-            ErrorCode::NotFound,
-            format!("no running process `{id}` of yours"),
-        )),
-    }
-}
-
-fn describe(id: &str, entry: &Entry) -> Value {
-    json!({
-        "process_id": id,
-        "command": entry.command,
-        "pid": entry.pid,
-        "started_at": entry.started_at,
-        "state": "running",
-    })
 }
 
 #[derive(Deserialize)]
@@ -236,19 +316,51 @@ pub async fn input(call: Call) -> Result<Value, ErrorBody> {
             .decode(&p.data)
             .map_err(|e| invalid(format!("data: {e}")))?,
     };
-    let stdin = owned(&call.principal, &p.process_id, |e| e.stdin.clone())?;
+    let process = process::find(&call.principal, &p.process_id)?;
     let n = data.len();
+    call.usage.add_in(n);
     let closed = || ErrorBody::new(ErrorCode::NotFound, "the process no longer reads its input");
     if n > 0 {
-        stdin
+        process
+            .stdin
             .send(StdinChunk::Data(Bytes::from(data)))
             .await
             .map_err(|_| closed())?;
     }
     if p.eof {
-        stdin.send(StdinChunk::End).await.map_err(|_| closed())?;
+        process
+            .stdin
+            .send(StdinChunk::End)
+            .await
+            .map_err(|_| closed())?;
     }
     Ok(json!({"process_id": p.process_id, "written": n, "eof": p.eof}))
+}
+
+#[derive(Deserialize)]
+struct ResizeParams {
+    process_id: String,
+    cols: u16,
+    rows: u16,
+}
+
+pub async fn resize(call: Call) -> Result<Value, ErrorBody> {
+    let p: ResizeParams = params(&call.request)?;
+    if !(1..=1000).contains(&p.cols) || !(1..=1000).contains(&p.rows) {
+        return Err(invalid("cols and rows must be between 1 and 1000"));
+    }
+    let process = process::find(&call.principal, &p.process_id)?;
+    let Some(master) = &process.terminal else {
+        return Err(invalid(format!(
+            "process `{}` has no terminal (start it with `pty: true`)",
+            p.process_id
+        )));
+    };
+    if process.running() {
+        pty::resize(master, p.cols, p.rows)
+            .map_err(|e| provider_error(format!("resizing the terminal: {e}")))?;
+    }
+    Ok(json!({"process_id": p.process_id, "cols": p.cols, "rows": p.rows}))
 }
 
 #[derive(Deserialize)]
@@ -261,7 +373,7 @@ pub async fn signal(call: Call) -> Result<Value, ErrorBody> {
     let p: SignalParams = params(&call.request)?;
     // Only these may be sent; the names are the ones `shell.exec` reports.
     const SENDABLE: &[&str] = &[
-        "TERM", "INT", "KILL", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT",
+        "TERM", "INT", "KILL", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT", "WINCH",
     ];
     let bare = p.signal.trim_start_matches("SIG");
     let signal = SENDABLE
@@ -270,33 +382,34 @@ pub async fn signal(call: Call) -> Result<Value, ErrorBody> {
         .flatten()
         .and_then(Signal::from_named_raw)
         .ok_or_else(|| invalid(format!("signal `{bare}`: one of {}", SENDABLE.join(", "))))?;
-    let pid = owned(&call.principal, &p.process_id, |e| e.pid)?;
-    let sent = pid
-        .and_then(rustix::process::Pid::from_raw)
-        .is_some_and(|pid| rustix::process::kill_process_group(pid, signal).is_ok());
+    let process = process::find(&call.principal, &p.process_id)?;
+    let sent = process.running()
+        && process
+            .pid
+            .and_then(rustix::process::Pid::from_raw)
+            .is_some_and(|pid| rustix::process::kill_process_group(pid, signal).is_ok());
     Ok(json!({"process_id": p.process_id, "signal": p.signal, "sent": sent}))
 }
 
 pub async fn cancel(call: Call) -> Result<Value, ErrorBody> {
     let p: ProcessParams = params(&call.request)?;
-    owned(&call.principal, &p.process_id, |e| e.stop.cancel())?;
-    Ok(json!({"process_id": p.process_id, "cancelled": true}))
+    let process = process::find(&call.principal, &p.process_id)?;
+    let was_running = process.running();
+    process.stop(StopReason::Cancelled);
+    // Answer once it is gone, so that a status right after says so.
+    let _ = tokio::time::timeout(DRAIN_GRACE * 2, process.exited()).await;
+    Ok(json!({"process_id": p.process_id, "cancelled": was_running}))
 }
 
 pub async fn status(call: Call) -> Result<Value, ErrorBody> {
     let p: ProcessParams = params(&call.request)?;
-    owned(&call.principal, &p.process_id, |e| {
-        describe(&p.process_id, e)
-    })
+    Ok(process::find(&call.principal, &p.process_id)?.describe())
 }
 
 pub async fn list(call: Call) -> Result<Value, ErrorBody> {
-    let table = table();
-    let mine: Vec<Value> = table
-        .by_id
+    let mine: Vec<Value> = process::of(&call.principal)
         .iter()
-        .filter(|(_, e)| e.owner == call.principal)
-        .map(|(id, e)| describe(id, e))
+        .map(|p| p.describe())
         .collect();
     Ok(json!({"processes": mine}))
 }

@@ -1,0 +1,676 @@
+//! Started processes (`shell.start`), daemon-wide: each one's output ring,
+//! its state, and the keeper that ends processes the policy no longer
+//! allows or nobody has used for a while.
+//!
+//! Output goes into a byte-bounded ring as it comes and never waits for a
+//! reader: a slow or absent client cannot stall the process. Every byte of
+//! output has a sequence number (its offset in the process's output, all
+//! channels together), so a reader that knows where it stopped asks for
+//! the rest; what the ring no longer holds is reported as missed, never
+//! skipped silently. Readers (`shell.start` itself, `shell.attach`) follow
+//! the ring at their own pace.
+//!
+//! A process without `persist` ends with the request that started it; a
+//! persistent one outlives its session and is kept, after it exits too,
+//! until it has been idle (nobody following, no output, no input) for the
+//! grant's `idle_timeout`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::frame::{ErrorBody, ErrorCode, Request};
+use crate::record::Channel;
+use crate::server::Gateway;
+use crate::server::dispatch::{SessionGone, StreamSink};
+use crate::server::resources::EventSink;
+
+/// Output a process keeps for readers who are behind or away.
+pub const RING_BYTES: usize = 1 << 20;
+
+/// Exited processes kept per principal (for `shell.attach` and status);
+/// beyond this the oldest exited one is forgotten.
+const KEEP_EXITED: usize = 32;
+
+/// Why a process was ended before it exited on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// `shell.cancel`, or a `cancel` of the request that started it.
+    Cancelled,
+    /// The policy no longer allows it.
+    Revoked,
+    /// Idle for the grant's `idle_timeout`.
+    Idle,
+    /// `resource.dispose`.
+    Disposed,
+    /// The session that started it ended (a process without `persist`).
+    SessionEnded,
+    /// The gateway is stopping.
+    Shutdown,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cancelled => "cancelled",
+            Self::Revoked => "revoked",
+            Self::Idle => "idle",
+            Self::Disposed => "disposed",
+            Self::SessionEnded => "session_ended",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
+pub enum StdinChunk {
+    Data(Bytes),
+    End,
+}
+
+/// One started process.
+pub struct Process {
+    pub id: String,
+    pub owner: String,
+    /// The request that started it, decided again when the policy changes.
+    pub request: Request,
+    pub command: Vec<String>,
+    pub pid: Option<i32>,
+    pub started_at: String,
+    pub persist: bool,
+    pub idle_timeout: Duration,
+    /// The terminal's controlling side, for `shell.resize`.
+    pub terminal: Option<Arc<std::os::fd::OwnedFd>>,
+    pub output: Output,
+    pub stdin: mpsc::Sender<StdinChunk>,
+    stop: CancellationToken,
+    stop_reason: OnceLock<StopReason>,
+    activity: Mutex<Activity>,
+    /// The exit result, once there is one.
+    exit: watch::Sender<Option<Value>>,
+    /// Sessions that started or attached, told `process.exited`.
+    watchers: Mutex<Vec<EventSink>>,
+}
+
+struct Activity {
+    followers: usize,
+    last: Instant,
+}
+
+/// What [`Process::new`] needs besides the id.
+pub struct Spec {
+    pub owner: String,
+    pub request: Request,
+    pub command: Vec<String>,
+    pub pid: Option<i32>,
+    pub persist: bool,
+    pub idle_timeout: Duration,
+    pub terminal: Option<Arc<std::os::fd::OwnedFd>>,
+    pub output_limit: u64,
+    pub stdin: mpsc::Sender<StdinChunk>,
+}
+
+impl Process {
+    fn new(id: String, spec: Spec) -> Self {
+        Self {
+            id,
+            owner: spec.owner,
+            request: spec.request,
+            command: spec.command,
+            pid: spec.pid,
+            started_at: jiff::Timestamp::now().to_string(),
+            persist: spec.persist,
+            idle_timeout: spec.idle_timeout,
+            terminal: spec.terminal,
+            output: Output::new(RING_BYTES, spec.output_limit),
+            stdin: spec.stdin,
+            stop: CancellationToken::new(),
+            stop_reason: OnceLock::new(),
+            activity: Mutex::new(Activity {
+                followers: 0,
+                last: Instant::now(),
+            }),
+            exit: watch::Sender::new(None),
+            watchers: Mutex::default(),
+        }
+    }
+
+    /// Ends the process group (the supervisor kills it and records why).
+    pub fn stop(&self, reason: StopReason) {
+        let _ = self.stop_reason.set(reason);
+        self.stop.cancel();
+    }
+
+    /// Cancelled when the process is to be stopped.
+    pub fn stop_token(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.stop_reason.get().copied()
+    }
+
+    pub fn result(&self) -> Option<Value> {
+        self.exit.borrow().clone()
+    }
+
+    pub fn running(&self) -> bool {
+        self.exit.borrow().is_none()
+    }
+
+    /// Waits for the exit result.
+    pub async fn exited(&self) -> Value {
+        let mut rx = self.exit.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(result) => result.clone().unwrap_or_default(),
+            Err(_) => Value::Null,
+        }
+    }
+
+    /// Records the exit result and tells the watching sessions.
+    pub fn finish(&self, result: Value) {
+        self.exit.send_replace(Some(result.clone()));
+        self.touch();
+        let watchers = std::mem::take(&mut *lock(&self.watchers));
+        let mut payload = result;
+        payload["process_id"] = json!(self.id);
+        for sink in watchers {
+            let payload = payload.clone();
+            // A slow session must not hold up the others, or this task.
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    sink.send("process.exited", payload),
+                )
+                .await;
+            });
+        }
+    }
+
+    /// Tells this session `process.exited` when the process exits.
+    pub fn watch(&self, sink: EventSink) {
+        let mut watchers = lock(&self.watchers);
+        if watchers.len() >= 64 {
+            watchers.remove(0);
+        }
+        watchers.push(sink);
+    }
+
+    /// Marks activity (output, input, a request about it).
+    pub fn touch(&self) {
+        lock(&self.activity).last = Instant::now();
+    }
+
+    /// Counts a reader while the guard lives.
+    pub fn follow(self: &Arc<Self>) -> Following {
+        let mut activity = lock(&self.activity);
+        activity.followers += 1;
+        activity.last = Instant::now();
+        Following(self.clone())
+    }
+
+    /// Nobody follows it and nothing happened for its `idle_timeout`.
+    fn idle(&self, now: Instant) -> bool {
+        let activity = lock(&self.activity);
+        let last = activity.last.max(self.output.last_write());
+        activity.followers == 0 && now.saturating_duration_since(last) >= self.idle_timeout
+    }
+
+    /// As `shell.status`, `shell.list` and `resource.list` show it.
+    pub fn describe(&self) -> Value {
+        let (first_seq, next_seq) = self.output.span();
+        let mut value = json!({
+            "process_id": self.id,
+            "command": self.command,
+            "pid": self.pid,
+            "started_at": self.started_at,
+            "state": if self.running() { "running" } else { "exited" },
+            "persist": self.persist,
+            "terminal": self.terminal.is_some(),
+            "attached": lock(&self.activity).followers,
+            "first_seq": first_seq,
+            "next_seq": next_seq,
+        });
+        if let Some(Value::Object(result)) = self.result() {
+            for key in ["exit_code", "signal", "ended_by", "duration_ms"] {
+                if let Some(v) = result.get(key) {
+                    value[key] = v.clone();
+                }
+            }
+        }
+        value
+    }
+}
+
+/// A reader of a process's output; see [`Process::follow`].
+pub struct Following(Arc<Process>);
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        let mut activity = lock(&self.0.activity);
+        activity.followers = activity.followers.saturating_sub(1);
+        activity.last = Instant::now();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every value behind these locks stays whole if a holder panicked.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A process's output: a ring of pieces, each with the sequence number of
+/// its first byte.
+pub struct Output {
+    ring: Mutex<Ring>,
+    /// The sequence number after the last byte, and whether output ended.
+    progress: watch::Sender<(u64, bool)>,
+}
+
+struct Ring {
+    pieces: VecDeque<Piece>,
+    /// Bytes held in `pieces`.
+    held: usize,
+    capacity: usize,
+    /// Sequence number of the first byte held.
+    first: u64,
+    /// Sequence number after the last byte.
+    next: u64,
+    /// Output past `limit` is counted, not kept.
+    limit: u64,
+    over_limit: u64,
+    by_channel: BTreeMap<u8, u64>,
+    last_write: Instant,
+}
+
+#[derive(Clone)]
+pub struct Piece {
+    pub seq: u64,
+    pub channel: Channel,
+    pub data: Bytes,
+}
+
+/// What a reader gets from [`Output::read_from`].
+pub struct Batch {
+    /// Bytes between the sequence asked for and the first one held.
+    pub missed: u64,
+    pub pieces: Vec<Piece>,
+    /// Where to read next.
+    pub next: u64,
+    /// Output has ended and `next` is its end.
+    pub done: bool,
+}
+
+impl Output {
+    pub fn new(capacity: usize, limit: u64) -> Self {
+        Self {
+            ring: Mutex::new(Ring {
+                pieces: VecDeque::new(),
+                held: 0,
+                capacity,
+                first: 0,
+                next: 0,
+                limit,
+                over_limit: 0,
+                by_channel: BTreeMap::new(),
+                last_write: Instant::now(),
+            }),
+            progress: watch::Sender::new((0, false)),
+        }
+    }
+
+    /// Appends output; drops the oldest pieces beyond the ring's capacity.
+    /// Never waits for a reader.
+    pub fn push(&self, channel: Channel, data: &[u8]) {
+        let next = {
+            let mut ring = lock(&self.ring);
+            ring.last_write = Instant::now();
+            *ring.by_channel.entry(channel as u8).or_default() += data.len() as u64;
+            let room = ring.limit.saturating_sub(ring.next + ring.over_limit);
+            let keep = data.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+            ring.over_limit += (data.len() - keep) as u64;
+            if keep == 0 {
+                return;
+            }
+            let piece = Piece {
+                seq: ring.next,
+                channel,
+                data: Bytes::copy_from_slice(&data[..keep]),
+            };
+            ring.next += keep as u64;
+            ring.held += keep;
+            ring.pieces.push_back(piece);
+            while ring.held > ring.capacity {
+                let Some(old) = ring.pieces.pop_front() else {
+                    break;
+                };
+                ring.held -= old.data.len();
+                ring.first = old.seq + old.data.len() as u64;
+            }
+            ring.next
+        };
+        self.progress.send_replace((next, false));
+    }
+
+    /// No more output will come.
+    pub fn close(&self) {
+        let next = lock(&self.ring).next;
+        self.progress.send_replace((next, true));
+    }
+
+    /// Up to `max` bytes from `seq` on (from the oldest held if that is
+    /// gone).
+    pub fn read_from(&self, seq: u64, max: usize) -> Batch {
+        let ring = lock(&self.ring);
+        let start = seq.clamp(ring.first, ring.next);
+        let missed = ring.first.saturating_sub(seq);
+        let mut pieces = Vec::new();
+        let mut taken = 0usize;
+        let mut at = start;
+        for piece in &ring.pieces {
+            let end = piece.seq + piece.data.len() as u64;
+            if end <= at {
+                continue;
+            }
+            if taken >= max {
+                break;
+            }
+            let skip = (at - piece.seq) as usize;
+            let data = piece.data.slice(skip..);
+            taken += data.len();
+            at = end;
+            pieces.push(Piece {
+                seq: piece.seq + skip as u64,
+                channel: piece.channel,
+                data,
+            });
+        }
+        let done = self.progress.borrow().1 && at == ring.next;
+        Batch {
+            missed,
+            pieces,
+            next: at,
+            done,
+        }
+    }
+
+    /// (first sequence held, next sequence)
+    pub fn span(&self) -> (u64, u64) {
+        let ring = lock(&self.ring);
+        (ring.first, ring.next)
+    }
+
+    /// Bytes written to `channel`, all of them (kept or not).
+    pub fn written(&self, channel: Channel) -> u64 {
+        lock(&self.ring)
+            .by_channel
+            .get(&(channel as u8))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Bytes past the grant's `output_limit`, not kept.
+    pub fn over_limit(&self) -> u64 {
+        lock(&self.ring).over_limit
+    }
+
+    fn last_write(&self) -> Instant {
+        lock(&self.ring).last_write
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<(u64, bool)> {
+        self.progress.subscribe()
+    }
+}
+
+/// Bytes a reader takes from the ring at a time.
+const READ_BATCH: usize = 256 * 1024;
+
+/// Sends the output from `seq` as chunks until it ends, reporting what
+/// the ring no longer held as `output_truncated` stream frames. Returns
+/// the bytes missed.
+pub async fn stream(
+    process: &Process,
+    mut seq: u64,
+    sink: &StreamSink,
+) -> Result<u64, SessionGone> {
+    let mut progress = process.output.subscribe();
+    let mut missed_total = 0;
+    loop {
+        progress.borrow_and_update();
+        let batch = process.output.read_from(seq, READ_BATCH);
+        if batch.missed > 0 {
+            missed_total += batch.missed;
+            let resumed_at = seq + batch.missed;
+            let report =
+                json!({"missed_bytes": batch.missed, "from_seq": seq, "resumed_at": resumed_at});
+            sink.event("output_truncated", report).await?;
+        }
+        let caught_up = batch.pieces.is_empty();
+        for piece in batch.pieces {
+            sink.chunk(piece.channel, piece.data).await?;
+        }
+        seq = batch.next;
+        if batch.done {
+            return Ok(missed_total);
+        }
+        if caught_up && progress.changed().await.is_err() {
+            return Ok(missed_total);
+        }
+    }
+}
+
+/// Every process, by id.
+#[derive(Default)]
+struct Table {
+    next: u64,
+    by_id: BTreeMap<String, Arc<Process>>,
+}
+
+fn table() -> MutexGuard<'static, Table> {
+    static TABLE: OnceLock<Mutex<Table>> = OnceLock::new();
+    lock(TABLE.get_or_init(Mutex::default))
+}
+
+/// This run of the gateway, in process ids: `p7-3f9a1c2e`. Ids of an
+/// earlier run are recognised as such.
+fn instance_tag() -> &'static str {
+    INSTANCE.get_or_init(|| crate::server::state::random_id()[..8].to_string())
+}
+
+static INSTANCE: OnceLock<String> = OnceLock::new();
+
+/// Registers a new process under a fresh id. Of the owner's exited
+/// processes, only the newest [`KEEP_EXITED`] stay.
+pub fn register(spec: Spec) -> Arc<Process> {
+    let mut table = table();
+    table.next += 1;
+    let id = format!("p{}-{}", table.next, instance_tag());
+    let process = Arc::new(Process::new(id.clone(), spec));
+    let exited: Vec<String> = table
+        .by_id
+        .values()
+        .filter(|p| p.owner == process.owner && !p.running())
+        .map(|p| p.id.clone())
+        .collect();
+    // Ids sort by creation within a run only as numbers; find the oldest.
+    let mut exited = exited;
+    exited.sort_by_key(|id| seq_of(id));
+    for old in exited
+        .iter()
+        .take((exited.len() + 1).saturating_sub(KEEP_EXITED))
+    {
+        table.by_id.remove(old);
+    }
+    table.by_id.insert(id, process.clone());
+    process
+}
+
+fn seq_of(id: &str) -> u64 {
+    id.trim_start_matches('p')
+        .split('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn forget(id: &str) {
+    table().by_id.remove(id);
+}
+
+/// The caller's own process `id`. Another principal's is `not_found` too,
+/// so ids of other principals' processes are not disclosed.
+pub fn find(principal: &str, id: &str) -> Result<Arc<Process>, ErrorBody> {
+    if let Some(process) = table().by_id.get(id).filter(|p| p.owner == principal) {
+        process.touch();
+        return Ok(process.clone());
+    }
+    let earlier = id
+        .rsplit_once('-')
+        .is_some_and(|(n, tag)| n.starts_with('p') && tag.len() == 8 && tag != instance_tag());
+    let message = if earlier {
+        format!(
+            "process `{id}` was started by an earlier run of the gateway, and ended when it \
+             stopped (this run's ids end in `-{}`)",
+            instance_tag()
+        )
+    } else {
+        format!("no process `{id}` of yours (it may have exited and been forgotten)")
+    };
+    Err(ErrorBody::new(ErrorCode::NotFound, message))
+}
+
+/// The principal's processes, oldest first.
+pub fn of(principal: &str) -> Vec<Arc<Process>> {
+    let mut mine: Vec<Arc<Process>> = table()
+        .by_id
+        .values()
+        .filter(|p| p.owner == principal)
+        .cloned()
+        .collect();
+    mine.sort_by_key(|p| seq_of(&p.id));
+    mine
+}
+
+fn all() -> Vec<Arc<Process>> {
+    table().by_id.values().cloned().collect()
+}
+
+/// How often the keeper looks at every process.
+const KEEPER_TICK: Duration = Duration::from_secs(1);
+
+/// Ends processes the policy no longer allows (on every policy change, and
+/// every second for expiries), ends or forgets idle ones, and stops every
+/// process when the gateway shuts down.
+pub async fn keep(gateway: Arc<Gateway>) {
+    let _ = INSTANCE.set(gateway.instance_id[..8].to_string());
+    let mut policy = gateway.policy.subscribe();
+    let mut tick = tokio::time::interval(KEEPER_TICK);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            Ok(()) = policy.changed() => {}
+            () = gateway.shutdown.cancelled() => {
+                for process in all() {
+                    process.stop(StopReason::Shutdown);
+                }
+                return;
+            }
+        }
+        let (policy, now, instant) = (
+            gateway.current_policy(),
+            jiff::Timestamp::now(),
+            Instant::now(),
+        );
+        for process in all() {
+            if process.running()
+                && !crate::server::query::still_allowed(
+                    &policy,
+                    &process.owner,
+                    &process.request,
+                    now,
+                )
+            {
+                tracing::info!(process = %process.id, principal = %process.owner, "process revoked by the policy");
+                process.stop(StopReason::Revoked);
+            } else if process.persist && process.idle(instant) {
+                match process.running() {
+                    true => process.stop(StopReason::Idle),
+                    false => forget(&process.id),
+                }
+            }
+        }
+    }
+}
+
+/// Waits (up to `grace`) for every process to have exited; for shutdown.
+pub async fn all_exited(grace: Duration) {
+    let processes = all();
+    let every = async {
+        for process in processes {
+            process.exited().await;
+        }
+    };
+    let _ = tokio::time::timeout(grace, every).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(batch: &Batch) -> String {
+        batch
+            .pieces
+            .iter()
+            .map(|p| String::from_utf8_lossy(&p.data).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_ring_keeps_the_newest_bytes_and_counts_the_rest() {
+        let output = Output::new(8, u64::MAX);
+        output.push(Channel::Stdout, b"abcd");
+        output.push(Channel::Stderr, b"efgh");
+        output.push(Channel::Stdout, b"ij");
+        // "abcd" went to make room: 10 bytes written, 8 fit, pieces whole.
+        let batch = output.read_from(0, usize::MAX);
+        assert_eq!(batch.missed, 4);
+        assert_eq!(text(&batch), "efghij");
+        assert_eq!(batch.next, 10);
+        assert!(!batch.done);
+        assert_eq!(output.span(), (4, 10));
+        // From the middle of a piece, and past the end.
+        assert_eq!(text(&output.read_from(6, usize::MAX)), "ghij");
+        assert_eq!(output.read_from(6, usize::MAX).missed, 0);
+        assert!(output.read_from(99, usize::MAX).pieces.is_empty());
+        output.close();
+        assert!(output.read_from(10, usize::MAX).done);
+        assert_eq!(output.written(Channel::Stdout), 6);
+        assert_eq!(output.written(Channel::Stderr), 4);
+    }
+
+    #[test]
+    fn output_past_the_limit_is_counted_not_kept() {
+        let output = Output::new(1024, 5);
+        output.push(Channel::Stdout, b"abc");
+        output.push(Channel::Stdout, b"defg");
+        output.push(Channel::Stdout, b"h");
+        assert_eq!(text(&output.read_from(0, usize::MAX)), "abcde");
+        assert_eq!(output.over_limit(), 3);
+        assert_eq!(output.written(Channel::Stdout), 8);
+    }
+
+    #[test]
+    fn a_batch_stops_near_its_size() {
+        let output = Output::new(1024, u64::MAX);
+        for _ in 0..10 {
+            output.push(Channel::Stdout, b"0123456789");
+        }
+        let batch = output.read_from(0, 25);
+        assert_eq!(batch.next, 30, "whole pieces until 25 bytes are taken");
+        assert_eq!(output.read_from(batch.next, usize::MAX).next, 100);
+    }
+}
