@@ -8,7 +8,7 @@ mod common;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use common::{Gateway, key_b64};
+use common::{Gateway, key_b64, processes_with};
 use portcullis::client::{Client, ClientError};
 use portcullis::frame::ErrorCode;
 use portcullis_crypto::StaticKeypair;
@@ -39,7 +39,7 @@ virtual_path = "/workspace/docs"
 id = "alice-shell"
 principals = ["alice"]
 fileops = {{ main = "rw", docs = "ro" }}
-shell = {{ commands = ["sh", "bash", "env", "cat", "/bin/true", "nonexistent"], cwd_roots = ["main"], env_allow = ["GREETING"], env_set = {{ PATH = "/usr/bin:/bin" }}, max_runtime = "20s" }}
+shell = {{ commands = ["sh", "bash", "env", "cat", "/bin/true", "nonexistent"], cwd_roots = ["main"], env_allow = ["GREETING"], env_set = {{ PATH = "/usr/bin:/bin" }}, max_runtime = "20s", max_open_files = 64, max_file_size = "1 MiB", max_memory = "1 GiB" }}
 
 [[grant]]
 id = "bob-shell-with-network"
@@ -83,18 +83,6 @@ fn code(result: &Result<Value, ClientError>) -> Option<ErrorCode> {
         Err(ClientError::Remote(e)) => Some(e.code),
         _ => None,
     }
-}
-
-/// Processes on this host whose command line contains `marker`.
-fn processes_with(marker: &str) -> Vec<String> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| {
-            let cmdline = std::fs::read(e.ok()?.path().join("cmdline")).ok()?;
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            cmdline.contains(marker).then_some(cmdline)
-        })
-        .collect()
 }
 
 #[tokio::test]
@@ -247,7 +235,7 @@ async fn timeout_and_cancel_kill_the_whole_process_group() {
 }
 
 #[tokio::test]
-async fn landlock_confines_writes_to_rw_roots_and_denies_tcp() {
+async fn the_sandbox_confines_files_network_and_resources() {
     let Setup { gw, alice, bob } = setup().await;
     let outside = gw.dir.join("outside.txt");
     let docs = gw.dir.join("docs/new.txt");
@@ -284,7 +272,47 @@ async fn landlock_confines_writes_to_rw_roots_and_denies_tcp() {
     );
     let allowed = bob.request("shell.exec", connect).await.unwrap();
     assert_eq!(allowed["stdout"], "connected\n", "{allowed}");
-    gw.assert_requests_audited(3);
+
+    // UDP, which Landlock does not cover: the denied child has a network
+    // namespace of its own, with no route anywhere.
+    let udp = json!({"command": ["bash", "-c", format!("echo hi > /dev/udp/127.0.0.1/{port} && echo sent")]});
+    let denied = alice.request("shell.exec", udp.clone()).await.unwrap();
+    assert_ne!(denied["exit_code"], 0, "{denied}");
+    assert!(
+        denied["stderr"].as_str().unwrap().contains("unreachable"),
+        "{denied}"
+    );
+    let allowed = bob.request("shell.exec", udp).await.unwrap();
+    assert_eq!(allowed["stdout"], "sent\n", "{allowed}");
+
+    // The grant's rlimits: a file cannot grow past 1 MiB.
+    let limits = alice
+        .request(
+            "shell.exec",
+            sh("cat /proc/self/limits; exec head -c 2000000 /dev/zero > big"),
+        )
+        .await
+        .unwrap();
+    let text = limits["stdout"].as_str().unwrap();
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    assert!(line("Max open files").contains("64 64"), "{text}");
+    assert!(line("Max file size").contains("1048576 1048576"), "{text}");
+    assert!(
+        line("Max address space").contains("1073741824 1073741824"),
+        "{text}"
+    );
+    assert!(line("Max core file size").contains("0 0"), "{text}");
+    assert_eq!(limits["signal"], "SIGXFSZ", "{limits}");
+    let big = std::fs::metadata(gw.dir.join("workspace/big"))
+        .unwrap()
+        .len();
+    assert_eq!(big, 1 << 20);
+    gw.assert_requests_audited(6);
 }
 
 /// Everything a `shell.start` streamed, and its response.

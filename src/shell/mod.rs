@@ -366,6 +366,15 @@ pub const SIGNALS: &[(&str, i32)] = &[
     ("SIGTERM", 15),
     ("SIGCONT", 18),
     ("SIGSTOP", 19),
+    ("SIGTSTP", 20),
+    ("SIGTTIN", 21),
+    ("SIGTTOU", 22),
+    ("SIGXCPU", 24),
+    ("SIGXFSZ", 25),
+    ("SIGVTALRM", 26),
+    ("SIGPROF", 27),
+    ("SIGWINCH", 28),
+    ("SIGSYS", 31),
 ];
 
 /// `SIGTERM` for 15; `SIG40` for a signal without a name here.
@@ -397,18 +406,28 @@ fn kill_group(pid: Option<Pid>) {
 
 /// SIGKILL to every process of the command's session: a terminal's shell
 /// puts each job in a process group of its own. Linux has no call for a
-/// session, so `/proc` is scanned (only when a terminal ends).
+/// session, so `/proc/*/stat` is scanned (only when a terminal ends).
+/// (Not `getsid`: rustix asserts a nonzero answer, and kernel threads
+/// answer 0.)
 fn kill_session(leader: Option<Pid>) {
     let Some(leader) = leader else { return };
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return;
     };
-    let members = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(Pid::from_raw)
-        .filter(|pid| rustix::process::getsid(Some(*pid)).is_ok_and(|sid| sid == leader));
-    for pid in members {
-        let _ = rustix::process::kill_process(pid, Signal::KILL);
+    let session_of = |pid: &str| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid pgrp session …`; comm may hold anything.
+        let after_comm = &stat[stat.rfind(')')? + 1..];
+        after_comm.split_whitespace().nth(3)?.parse().ok()
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if session_of(name) == Some(leader.as_raw_nonzero().get())
+            && let Some(pid) = name.parse().ok().and_then(Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process(pid, Signal::KILL);
+        }
     }
 }
 

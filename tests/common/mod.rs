@@ -320,3 +320,15 @@ impl Gateway {
             .collect()
     }
 }
+
+/// Processes on this host whose command line contains `marker`.
+pub fn processes_with(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.ok()?.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(marker).then_some(cmdline)
+        })
+        .collect()
+}
