@@ -95,6 +95,9 @@ enum Command {
     Grep(cli::files::Grep),
     /// Run a command on a gateway, streaming its output; exits with its code.
     Exec(cli::shell::Exec),
+    /// Open an interactive terminal on a gateway (`bash -l`, or the given
+    /// command); exits with its code.
+    Shell(cli::shell::Shell),
 }
 
 #[derive(Subcommand)]
@@ -254,5 +257,6 @@ fn main() -> ExitCode {
         Command::Mkdir(args) => cli::files::mkdir(args),
         Command::Grep(args) => cli::files::grep(args),
         Command::Exec(args) => cli::shell::exec(args),
+        Command::Shell(args) => cli::shell::shell(args),
     }
 }

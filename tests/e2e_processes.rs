@@ -469,3 +469,115 @@ async fn after_a_restart_old_process_ids_answer_not_found_with_why() {
     assert_eq!(code, ErrorCode::NotFound);
     assert!(message.contains("earlier run of the gateway"), "{message}");
 }
+
+/// `portcullis shell` in a local terminal: raw mode (keys go through as
+/// typed), the remote terminal has the local size, the exit code comes
+/// back, and the local terminal is restored.
+#[test]
+fn the_shell_verb_gives_an_interactive_terminal() {
+    use rustix::pty::OpenptFlags;
+    use rustix::termios::{LocalModes, Winsize, tcgetattr, tcsetwinsize};
+    use std::io::{Read as _, Write as _};
+
+    let home = std::env::temp_dir().join(format!("portcullis-shell-verb-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    let alice = portcullis::keyfile::generate(&home.join("alice.key"), false).unwrap();
+    let bob = StaticKeypair::generate().unwrap();
+    let gw = Gateway::start(&policy(&alice, &bob, true).replace("IDLE", "1h"), "");
+    std::fs::create_dir_all(gw.dir.join("workspace")).unwrap();
+
+    // A local terminal for the client, 100 columns by 30 rows.
+    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+    let master = rustix::pty::openpt(flags).unwrap();
+    rustix::pty::grantpt(&master).unwrap();
+    rustix::pty::unlockpt(&master).unwrap();
+    let user = rustix::pty::ioctl_tiocgptpeer(&master, flags).unwrap();
+    let size = Winsize {
+        ws_row: 30,
+        ws_col: 100,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    tcsetwinsize(&master, size).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args([
+            "shell",
+            gw.url.as_str(),
+            "--gateway-key",
+            &gw.key.to_base64(),
+        ])
+        .args(["--identity", home.join("alice.key").to_str().unwrap()])
+        .args([
+            "--cwd",
+            "main:",
+            "--",
+            "bash",
+            "--norc",
+            "--noprofile",
+            "-i",
+        ])
+        .env("XDG_CONFIG_HOME", &home)
+        .stdin(std::process::Stdio::from(user.try_clone().unwrap()))
+        .stdout(std::process::Stdio::from(user.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(user.try_clone().unwrap()))
+        .spawn()
+        .unwrap();
+    let mut terminal = std::fs::File::from(master);
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let mut reader = terminal.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = reader.read(&mut buf) {
+            let _ = tx.send(buf[..n].to_vec());
+        }
+    });
+    let mut seen = String::new();
+    let mut wait_for = |needle: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !seen.contains(needle) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(data) => seen.push_str(&String::from_utf8_lossy(&data)),
+                Err(_) => panic!("waited 10 s for {needle:?}; saw {seen:?}"),
+            }
+        }
+    };
+    terminal.write_all(b"stty size; echo $TERM\r").unwrap();
+    wait_for("30 100");
+    wait_for("xterm-256color");
+    // In raw mode locally, so ^C goes to the remote foreground job.
+    let raw = tcgetattr(&user).unwrap();
+    assert!(
+        !raw.local_modes.contains(LocalModes::ICANON),
+        "raw while it runs"
+    );
+    terminal.write_all(b"sleep 30; echo slept\r").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    terminal.write_all(b"\x03").unwrap();
+    terminal.write_all(b"echo after-interrupt\r").unwrap();
+    wait_for("after-interrupt\r\n");
+    assert!(
+        !seen.contains("\nslept"),
+        "the sleep was interrupted: {seen}"
+    );
+    terminal.write_all(b"exit 3\r").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the client did not exit; saw {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(3), "{seen}");
+    let restored = tcgetattr(&user).unwrap();
+    assert!(
+        restored.local_modes.contains(LocalModes::ICANON),
+        "the terminal was restored"
+    );
+    let _ = std::fs::remove_dir_all(home);
+}

@@ -476,7 +476,37 @@ fn the_exec_verb_streams_output_and_exits_with_the_remote_code() {
     let refused = run(&["--", "ls"]);
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("permission_denied"));
-    gw.assert_requests_audited(3);
+    // Local stdin reaches the command, and its end closes the command's.
+    let mut piped = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["exec", gw.url.as_str(), "--gateway-key", &key])
+        .args(["--identity", home.join("alice.key").to_str().unwrap()])
+        .args(["--", "sh", "-c", "tr a-z A-Z; echo done"])
+        .env("XDG_CONFIG_HOME", &home)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = piped.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, b"hello\nworld\n").unwrap();
+    drop(stdin);
+    let out = piped.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "HELLO\nWORLD\ndone\n");
+    assert_eq!(out.status.code(), Some(0));
+    // Every command left its entry with its exit code (the `shell.input`
+    // requests that carried stdin have theirs too, as many as it took).
+    let mut entries = gw.audit_entries();
+    entries.sort_by_key(|e| e.seq);
+    let codes: Vec<Option<i32>> = entries
+        .iter()
+        .filter(|e| e.record.kind == portcullis_store::Kind::Request)
+        .filter(|e| e.record.method.as_deref() == Some("shell.start"))
+        .map(|e| e.record.exit_code)
+        .collect();
+    assert_eq!(
+        codes,
+        [Some(7), None, None, Some(0)],
+        "killed and refused have none"
+    );
     let _ = std::fs::remove_dir_all(home);
 }
 
