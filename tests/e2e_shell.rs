@@ -187,7 +187,18 @@ async fn the_child_environment_is_exactly_what_the_grant_allows() {
     let mut lines: Vec<&str> = r["stdout"].as_str().unwrap().lines().collect();
     lines.sort_unstable();
     assert_eq!(lines, ["GREETING=hi", "PATH=/usr/bin:/bin"]);
-    gw.assert_requests_audited(1);
+    // The grant lists `env`; the same program by its path is allowed too
+    // (resolved on the child's PATH before the list is checked), another
+    // `env` is not.
+    let by_path = json!({"command": ["/usr/bin/env"]});
+    let r = alice.request("shell.exec", by_path).await.unwrap();
+    assert_eq!(r["stdout"], "PATH=/usr/bin:/bin\n", "{r}");
+    let fake = gw.dir.join("workspace/env");
+    std::fs::write(&fake, "#!/bin/sh\necho fake\n").unwrap();
+    let other = json!({"command": [fake.display().to_string()]});
+    let refused = alice.request("shell.exec", other).await;
+    assert_eq!(code(&refused), Some(ErrorCode::PermissionDenied));
+    gw.assert_requests_audited(3);
 }
 
 #[tokio::test]

@@ -71,6 +71,7 @@ fuzz_target!(|data: &[u8]| {
                     cwd: None,
                     env: vec![],
                     pty: true,
+                    lookup: None,
                 };
                 let _ = decide(
                     &policy,

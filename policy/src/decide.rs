@@ -26,6 +26,28 @@ pub struct Query {
     pub target: Target,
 }
 
+/// Finds a bare program name on a `PATH` value (`(path, name) ->
+/// absolute path`): the one fact about the host that deciding a command
+/// needs. The daemon passes one that looks at the filesystem; `decide`
+/// stays a function of its inputs.
+#[derive(Clone, Copy)]
+pub struct ProgramLookup(pub fn(&str, &str) -> Option<String>);
+
+impl std::fmt::Debug for ProgramLookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgramLookup")
+    }
+}
+
+/// Lookups are not compared: two queries differ by what they ask.
+impl PartialEq for ProgramLookup {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ProgramLookup {}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     /// Methods with nothing to check beyond the capability (`shell.status`,
@@ -42,12 +64,15 @@ pub enum Target {
         to: (String, String),
     },
     /// A program to run. `program` is as requested (bare name or absolute
-    /// path); `cwd` is a root and a path in it.
+    /// path); `cwd` is a root and a path in it. With `lookup`, bare names
+    /// are resolved on the child's `PATH` before the grant's command list
+    /// is checked.
     Command {
         program: String,
         cwd: Option<(String, String)>,
         env: Vec<(String, String)>,
         pty: bool,
+        lookup: Option<ProgramLookup>,
     },
     Tool {
         name: String,
@@ -220,6 +245,9 @@ pub struct FileTerms {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ShellTerms {
+    /// The program to run, resolved (when the query had a lookup and the
+    /// name was found): exactly what the grant's list was checked against.
+    pub program: Option<std::path::PathBuf>,
     /// The child's whole environment: the requested variables the grant
     /// allows, then the grant's fixed values.
     pub env: BTreeMap<String, String>,
@@ -323,6 +351,7 @@ pub fn decide(
                 cwd,
                 env,
                 pty,
+                lookup,
             },
         ) => shell(
             policy,
@@ -332,6 +361,7 @@ pub fn decide(
             cwd.as_ref(),
             env,
             *pty,
+            *lookup,
         ),
         (Capability::Shell, Target::None) => {
             first_grant_with(grants, cap, principal_id, |g| g.shell.is_some())
@@ -500,12 +530,29 @@ fn file_terms<'g>(
     ))
 }
 
-fn command_allowed(rule: &CommandRule, program: &str) -> bool {
+/// Whether the grant's list allows `program` (as requested), which
+/// resolved to `resolved` on the child's `PATH`. An entry matches what was
+/// requested exactly, or, resolved the same way, the same program: entry
+/// `/usr/bin/git` allows a request for `git` that resolves there, entry
+/// `git` a request for `/usr/bin/git` if `git` resolves there. So
+/// `/tmp/x/git` never passes as `git`.
+fn command_allowed(
+    rule: &CommandRule,
+    program: &str,
+    resolved: Option<&str>,
+    find: impl Fn(&str) -> Option<String>,
+) -> bool {
     match rule {
         CommandRule::Any => true,
-        // A path is matched exactly, a bare name only by a bare entry, so
-        // `/tmp/x/git` never passes as `git`.
-        CommandRule::Listed(entries) => entries.contains(program),
+        CommandRule::Listed(entries) => {
+            entries.contains(program)
+                || resolved.is_some_and(|resolved| {
+                    entries.iter().any(|entry| {
+                        entry == resolved
+                            || (!entry.starts_with('/') && find(entry).as_deref() == Some(resolved))
+                    })
+                })
+        }
     }
 }
 
@@ -517,6 +564,7 @@ fn shell(
     cwd: Option<&(String, String)>,
     env: &[(String, String)],
     pty: bool,
+    lookup: Option<ProgramLookup>,
 ) -> Decision {
     let cap = Some(Capability::Shell);
     if program.is_empty()
@@ -532,7 +580,21 @@ fn shell(
     let mut last_refusal: Option<Refusal> = None;
     for g in grants {
         let Some(shell) = &g.shell else { continue };
-        if !command_allowed(&shell.commands, program) {
+        let mut child_env: BTreeMap<String, String> = env
+            .iter()
+            .filter(|(k, _)| shell.env_allow.contains(k))
+            .cloned()
+            .collect();
+        child_env.extend(shell.env_set.clone());
+        let find = |name: &str| {
+            let path = child_env.get("PATH")?;
+            (lookup?.0)(path, name).filter(|found| found.starts_with('/'))
+        };
+        let resolved = match program.starts_with('/') {
+            true => Some(program.to_string()),
+            false => find(program),
+        };
+        if !command_allowed(&shell.commands, program, resolved.as_deref(), find) {
             last_refusal = Some((
                 Denial::NotGranted,
                 format!("grant `{}` does not list command `{program}`", g.id),
@@ -562,12 +624,6 @@ fn shell(
                 continue;
             }
         };
-        let mut child_env: BTreeMap<String, String> = env
-            .iter()
-            .filter(|(k, _)| shell.env_allow.contains(k))
-            .cloned()
-            .collect();
-        child_env.extend(shell.env_set.clone());
         let roots = grants.iter().flat_map(|g| g.fileops.iter()).fold(
             BTreeMap::new(),
             |mut acc: BTreeMap<String, Mode>, (root, mode)| {
@@ -581,6 +637,7 @@ fn shell(
             .filter_map(|(id, mode)| Some((policy.root(id)?.host_path.clone(), *mode)))
             .collect();
         let terms = ShellTerms {
+            program: resolved.map(std::path::PathBuf::from),
             host_roots,
             env: child_env,
             cwd: cwd_terms,

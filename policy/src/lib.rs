@@ -21,8 +21,9 @@ pub mod units;
 use std::ops::Range;
 
 pub use decide::{
-    Capability, Decision, Denial, FileTerms, Query, ShellTerms, Summary, Target, Terms, Verdict,
-    active_grants, decide, principal_by_key, principal_by_token, principal_status, summary,
+    Capability, Decision, Denial, FileTerms, ProgramLookup, Query, ShellTerms, Summary, Target,
+    Terms, Verdict, active_grants, decide, principal_by_key, principal_by_token, principal_status,
+    summary,
 };
 pub use load::{load_file, parse};
 pub use model::*;

@@ -44,6 +44,7 @@ fn command(program: &str, cwd: Option<(&str, &str)>, pty: bool) -> Target {
         cwd,
         env: vec![],
         pty,
+        lookup: None,
     }
 }
 
@@ -291,6 +292,63 @@ fileops = { logs = "ro" }
     assert_eq!(decide(&p, "bob", &q, before).verdict, Verdict::Allow);
 }
 
+/// A pretend host: `git` and `sh` live in /usr/bin, on a PATH of
+/// "/usr/bin:/bin"; `evil` is a lookup that answers a relative path.
+fn host(path: &str, name: &str) -> Option<String> {
+    let on_path = path.split(':').any(|d| d == "/usr/bin");
+    match name {
+        "git" | "sh" if on_path => Some(format!("/usr/bin/{name}")),
+        "evil" => Some("evil".into()),
+        _ => None,
+    }
+}
+
+#[test]
+fn programs_are_resolved_on_the_child_path_before_the_command_list() {
+    let p = with_grants(
+        r#"
+[[grant]]
+id = "g"
+principals = ["alice"]
+shell = { commands = ["/usr/bin/git", "sh", "evil"], env_set = { PATH = "/usr/bin:/bin" } }
+"#,
+    );
+    let resolved = |program: &str, lookup: bool| {
+        let target = Target::Command {
+            program: program.into(),
+            cwd: None,
+            env: vec![],
+            pty: false,
+            lookup: lookup.then_some(ProgramLookup(host)),
+        };
+        let d = decide(&p, "alice", &query("shell.exec", target), now());
+        match (d.verdict, d.terms) {
+            (Verdict::Allow, Terms::Shell(terms)) => Ok(terms.program),
+            (verdict, _) => Err(verdict),
+        }
+    };
+    let usr = |name: &str| Ok(Some(std::path::PathBuf::from(format!("/usr/bin/{name}"))));
+    // A bare name is found on the child's PATH, and its path is listed.
+    assert_eq!(resolved("git", true), usr("git"));
+    // A path is allowed when a listed bare name resolves to it.
+    assert_eq!(resolved("/usr/bin/sh", true), usr("sh"));
+    assert_eq!(resolved("sh", true), usr("sh"));
+    // Not the same program: refused.
+    assert_eq!(
+        resolved("/tmp/x/sh", true),
+        Err(Verdict::Deny(Denial::NotGranted))
+    );
+    // Without a lookup only exact entries match; what is not found stays
+    // as requested (the shell reports it missing).
+    assert_eq!(
+        resolved("git", false),
+        Err(Verdict::Deny(Denial::NotGranted))
+    );
+    assert_eq!(resolved("sh", false), Ok(None));
+    // A lookup's relative answer is not taken as a resolution.
+    assert_eq!(resolved("evil", true), Ok(None));
+}
+
 #[test]
 fn shell_commands_cwd_env_and_terminals() {
     let p = with_grants(
@@ -369,6 +427,7 @@ shell = { commands = ["*"], pty = true, network = "allow" }
         cwd: Some(("main".into(), "src".into())),
         env: request_env,
         pty: false,
+        lookup: None,
     };
     let d = decide(&p, "alice", &query("shell.exec", target), now());
     let Terms::Shell(terms) = d.terms else {

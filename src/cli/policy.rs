@@ -167,6 +167,9 @@ fn target(args: &ExplainArgs) -> Target {
             cwd,
             env: Vec::new(),
             pty: args.pty,
+            lookup: Some(portcullis_policy::ProgramLookup(
+                portcullis::shell::find_on_path,
+            )),
         };
     }
     match (&args.root, &args.to_root) {

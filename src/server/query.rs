@@ -57,6 +57,7 @@ pub fn query_for(request: &Request) -> Result<Query, ErrorBody> {
                 cwd,
                 env,
                 pty,
+                lookup: Some(portcullis_policy::ProgramLookup(crate::shell::find_on_path)),
             }
         }
         "tool.call" => Target::Tool {
@@ -157,7 +158,8 @@ mod tests {
                 program: "git".into(),
                 cwd: None,
                 env: vec![("LANG".into(), "C".into())],
-                pty: false
+                pty: false,
+                lookup: None,
             }
         );
         assert_eq!(

@@ -205,7 +205,7 @@ pub(crate) fn spawn(
         return Err(invalid("`command` must name a program"));
     };
     let slot = ProcessSlot::take(principal, terms.max_processes)?;
-    let program = resolve(program, &terms.env)?;
+    let program = resolve(program, terms)?;
     let cwd = WorkingDir::open(terms)?;
     let terminal = matches!(io, Io::Terminal(_));
     let mut launch = launcher(terms, &program, args, terminal)?;
@@ -478,35 +478,49 @@ fn launcher(
     Ok(command)
 }
 
-/// A bare program name is looked up on the child's `PATH` (the grant's
-/// `env_set` provides it), never the daemon's.
-fn resolve(
-    program: &str,
-    env: &std::collections::BTreeMap<String, String>,
-) -> Result<PathBuf, ErrorBody> {
+/// The program to run: as policy resolved it (and checked it against the
+/// grant), or, for a bare name it did not find, looked up again here, on
+/// the child's `PATH` (the grant's `env_set` provides it), never the
+/// daemon's.
+fn resolve(program: &str, terms: &ShellTerms) -> Result<PathBuf, ErrorBody> {
+    if let Some(resolved) = &terms.program {
+        return Ok(resolved.clone());
+    }
     if program.starts_with('/') {
         return Ok(PathBuf::from(program));
     }
-    let Some(path) = env.get("PATH") else {
+    let Some(path) = terms.env.get("PATH") else {
         return Err(invalid(format!(
             "`{program}` is a bare name and the child's environment has no PATH; \
              the grant's env_set should set one"
         )));
     };
-    use std::os::unix::fs::PermissionsExt as _;
-    path.split(':')
-        .filter(|dir| dir.starts_with('/'))
-        .map(|dir| Path::new(dir).join(program))
-        .find(|candidate| {
-            std::fs::metadata(candidate)
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    find_on_path(path, program)
+        .map(PathBuf::from)
         .ok_or_else(|| {
             ErrorBody::new(
                 ErrorCode::NotFound,
                 format!("`{program}` is not on the child's PATH"),
             )
         })
+}
+
+/// The first executable file `name` in the absolute directories of `path`
+/// (a `PATH` value). Policy uses this to resolve a program before checking
+/// it against a grant's command list.
+pub fn find_on_path(path: &str, name: &str) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if name.is_empty() || name.contains('/') {
+        return None;
+    }
+    path.split(':')
+        .filter(|dir| dir.starts_with('/'))
+        .map(|dir| Path::new(dir).join(name))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .and_then(|found| found.into_os_string().into_string().ok())
 }
 
 /// The command's working directory, opened beneath its root and named by
