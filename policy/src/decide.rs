@@ -344,25 +344,9 @@ pub fn decide(
             cap,
             format!("`{}` needs a root and a path", query.method),
         ),
-        (
-            Capability::Shell,
-            Target::Command {
-                program,
-                cwd,
-                env,
-                pty,
-                lookup,
-            },
-        ) => shell(
-            policy,
-            grants,
-            principal_id,
-            program,
-            cwd.as_ref(),
-            env,
-            *pty,
-            *lookup,
-        ),
+        (Capability::Shell, command @ Target::Command { .. }) => {
+            shell(policy, grants, principal_id, command)
+        }
         (Capability::Shell, Target::None) => {
             first_grant_with(grants, cap, principal_id, |g| g.shell.is_some())
         }
@@ -556,17 +540,20 @@ fn command_allowed(
     }
 }
 
-fn shell(
-    policy: &Policy,
-    grants: &[&Grant],
-    principal: &str,
-    program: &str,
-    cwd: Option<&(String, String)>,
-    env: &[(String, String)],
-    pty: bool,
-    lookup: Option<ProgramLookup>,
-) -> Decision {
+/// `command` is a [`Target::Command`].
+fn shell(policy: &Policy, grants: &[&Grant], principal: &str, command: &Target) -> Decision {
     let cap = Some(Capability::Shell);
+    let Target::Command {
+        program,
+        cwd,
+        env,
+        pty,
+        lookup,
+    } = command
+    else {
+        return Decision::deny(Denial::InvalidRequest, cap, "not a command");
+    };
+    let (cwd, pty, lookup) = (cwd.as_ref(), *pty, *lookup);
     if program.is_empty()
         || program.contains('\0')
         || (program.contains('/') && !program.starts_with('/'))
