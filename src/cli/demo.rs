@@ -83,8 +83,9 @@ resources = {}
 scripts = {}
 
 [grant.shell]
-commands = ["ls", "cat", "echo", "sh", "git", "true"]
+commands = ["ls", "cat", "echo", "sh", "bash", "git", "true"]
 cwd_roots = ["workspace"]
 env_set = { PATH = "/usr/local/bin:/usr/bin:/bin" }
 pty = true
+persist = true
 "#;
