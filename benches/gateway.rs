@@ -9,7 +9,8 @@
 //! - audited small requests per second with 1, 16 and 256 requests in
 //!   flight at once (spread over up to 16 sessions), each answered only
 //!   after its audit entry is durable;
-//! - `shell.exec /bin/true` on an open session and with a new connection
+//! - `shell.exec /bin/true` on an open session (network denied: a network
+//!   namespace per command, and allowed: none) and with a new connection
 //!   each time, beside the floor: spawning `/bin/true` from this process.
 //!
 //! Figures are printed, never asserted.
@@ -36,7 +37,7 @@ fn main() {
     let gateway_key = keyfile::generate(&dir.join("gateway.key"), false).unwrap();
     let client_key = StaticKeypair::generate().unwrap();
     let policy = format!(
-        "[[principal]]\nid = \"bench\"\npublic_key = \"{}\"\n\n[[grant]]\nid = \"g\"\nprincipals = [\"bench\"]\nresources = {{}}\nshell = {{ commands = [\"/bin/true\"], max_processes = 64 }}\n",
+        "[[principal]]\nid = \"bench\"\npublic_key = \"{}\"\n\n[[grant]]\nid = \"g\"\nprincipals = [\"bench\"]\nresources = {{}}\nshell = {{ commands = [\"/bin/true\"], max_processes = 64 }}\n\n[[grant]]\nid = \"net\"\nprincipals = [\"bench\"]\nshell = {{ commands = [\"/usr/bin/true\"], max_processes = 64, network = \"allow\" }}\n",
         client_key.public().to_base64()
     );
     std::fs::write(dir.join("policy.toml"), policy).unwrap();
@@ -112,6 +113,17 @@ fn main() {
             assert_eq!(result["exit_code"], 0);
         }
         report("shell.exec /bin/true on an open session", &mut execs);
+        // The same under a grant with network = "allow": no network
+        // namespace to make.
+        let exec_net = json!({"command": ["/usr/bin/true"]});
+        let mut execs = Vec::with_capacity(EXECS);
+        for _ in 0..EXECS {
+            let started = Instant::now();
+            let result = client.request("shell.exec", exec_net.clone()).await.unwrap();
+            execs.push(started.elapsed());
+            assert_eq!(result["exit_code"], 0);
+        }
+        report("shell.exec /usr/bin/true, network allowed (no namespace)", &mut execs);
         drop(client);
         let mut connect_exec = Vec::with_capacity(EXECS / 5);
         for _ in 0..EXECS / 5 {
