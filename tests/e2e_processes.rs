@@ -191,6 +191,14 @@ async fn a_persistent_process_outlives_its_connection_and_attach_replays_what_wa
     assert_eq!(replay.text(), "two\nerr\n");
     assert_eq!(replay.channels, [Channel::Stdout, Channel::Stderr]);
 
+    let beyond = second
+        .request("shell.attach", json!({"process_id": id, "from_seq": 999}))
+        .await;
+    assert_eq!(
+        remote(&beyond).map(|r| r.0),
+        Some(ErrorCode::InvalidRequest)
+    );
+
     // Another principal sees nothing of it.
     let other = connect(&gw, &bob).await;
     let foreign = other

@@ -273,6 +273,11 @@ pub async fn attach(call: Call) -> Result<Value, ErrorBody> {
     let process = process::find(&call.principal, &p.process_id)?;
     let (first, next) = process.output.span();
     let from = p.from_seq.unwrap_or(first);
+    if from > next {
+        return Err(invalid(format!(
+            "from_seq {from} is past the output's end ({next})"
+        )));
+    }
     let attached = json!({
         "process_id": process.id,
         "from_seq": from,
