@@ -105,24 +105,11 @@ fn main() {
         }
         report("spawn /bin/true from this process (the floor)", &mut floor);
         let exec = json!({"command": ["/bin/true"]});
-        let mut execs = Vec::with_capacity(EXECS);
-        for _ in 0..EXECS {
-            let started = Instant::now();
-            let result = client.request("shell.exec", exec.clone()).await.unwrap();
-            execs.push(started.elapsed());
-            assert_eq!(result["exit_code"], 0);
-        }
+        let mut execs = time_execs(&client, &exec).await;
         report("shell.exec /bin/true on an open session", &mut execs);
         // The same under a grant with network = "allow": no network
         // namespace to make.
-        let exec_net = json!({"command": ["/usr/bin/true"]});
-        let mut execs = Vec::with_capacity(EXECS);
-        for _ in 0..EXECS {
-            let started = Instant::now();
-            let result = client.request("shell.exec", exec_net.clone()).await.unwrap();
-            execs.push(started.elapsed());
-            assert_eq!(result["exit_code"], 0);
-        }
+        let mut execs = time_execs(&client, &json!({"command": ["/usr/bin/true"]})).await;
         report("shell.exec /usr/bin/true, network allowed (no namespace)", &mut execs);
         drop(client);
         let mut connect_exec = Vec::with_capacity(EXECS / 5);
@@ -187,6 +174,18 @@ fn main() {
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `EXECS` round trips of `shell.exec` with `params`, one at a time.
+async fn time_execs(client: &Client, params: &serde_json::Value) -> Vec<Duration> {
+    let mut execs = Vec::with_capacity(EXECS);
+    for _ in 0..EXECS {
+        let started = Instant::now();
+        let result = client.request("shell.exec", params.clone()).await.unwrap();
+        execs.push(started.elapsed());
+        assert_eq!(result["exit_code"], 0);
+    }
+    execs
 }
 
 fn report(what: &str, samples: &mut [Duration]) {
