@@ -81,7 +81,7 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
         }
     };
     tokio::spawn(server::admin::serve(gateway.clone(), admin));
-    tokio::spawn(portcullis::shell::process::keep(gateway.clone()));
+    tokio::spawn(portcullis::shell::process::keeper(gateway.clone()));
     if !gateway.config.audit.retains_everything() {
         tokio::spawn(retention(gateway.clone()));
     }

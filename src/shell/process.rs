@@ -562,11 +562,16 @@ fn all() -> Vec<Arc<Process>> {
 /// How often the keeper looks at every process.
 const KEEPER_TICK: Duration = Duration::from_secs(1);
 
-/// Ends processes the policy no longer allows (on every policy change, and
-/// every second for expiries), ends or forgets idle ones, and stops every
-/// process when the gateway shuts down.
-pub async fn keep(gateway: Arc<Gateway>) {
-    let _ = INSTANCE.set(gateway.instance_id[..8].to_string());
+/// The task that ends processes the policy no longer allows (on every
+/// policy change, and every second for expiries), ends or forgets idle
+/// ones, and stops every process when the gateway shuts down. Process ids
+/// carry this run's instance id from the moment this is called.
+pub fn keeper(gateway: Arc<Gateway>) -> impl std::future::Future<Output = ()> {
+    let _ = INSTANCE.set(gateway.instance_id.chars().take(8).collect());
+    keep(gateway)
+}
+
+async fn keep(gateway: Arc<Gateway>) {
     let mut policy = gateway.policy.subscribe();
     let mut tick = tokio::time::interval(KEEPER_TICK);
     loop {
