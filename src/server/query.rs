@@ -159,7 +159,7 @@ mod tests {
                 cwd: None,
                 env: vec![("LANG".into(), "C".into())],
                 pty: false,
-                lookup: None,
+                lookup: Some(portcullis_policy::ProgramLookup(crate::shell::find_on_path)),
             }
         );
         assert_eq!(
