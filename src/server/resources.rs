@@ -203,8 +203,9 @@ impl Provider for Resources {
                 return Err(not_found());
             };
             // A process is stopped (if it runs) and forgotten.
-            process.stop(crate::shell::process::StopReason::Disposed);
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(4), process.exited()).await;
+            process
+                .stop_and_wait(crate::shell::process::StopReason::Disposed)
+                .await;
             crate::shell::process::forget(id);
             Ok(json!({ "id": id, "disposed": true }))
         })

@@ -75,6 +75,8 @@ pub enum StdinChunk {
 /// One started process.
 pub struct Process {
     pub id: String,
+    /// Order of creation in this run (the number in the id).
+    seq: u64,
     pub owner: String,
     /// The request that started it, decided again when the policy changes.
     pub request: Request,
@@ -115,9 +117,10 @@ pub struct Spec {
 }
 
 impl Process {
-    fn new(id: String, spec: Spec) -> Self {
+    fn new(seq: u64, spec: Spec) -> Self {
         Self {
-            id,
+            id: format!("p{seq}-{}", instance_tag()),
+            seq,
             owner: spec.owner,
             request: spec.request,
             command: spec.command,
@@ -143,6 +146,14 @@ impl Process {
     pub fn stop(&self, reason: StopReason) {
         let _ = self.stop_reason.set(reason);
         self.stop.cancel();
+    }
+
+    /// Stops the process and waits (a little: it is killed, then its
+    /// output drained) until it is gone, so that a status right after says
+    /// so.
+    pub async fn stop_and_wait(&self, reason: StopReason) {
+        self.stop(reason);
+        let _ = tokio::time::timeout(Duration::from_secs(4), self.exited()).await;
     }
 
     /// Cancelled when the process is to be stopped.
@@ -488,33 +499,20 @@ static INSTANCE: OnceLock<String> = OnceLock::new();
 pub fn register(spec: Spec) -> Arc<Process> {
     let mut table = table();
     table.next += 1;
-    let id = format!("p{}-{}", table.next, instance_tag());
-    let process = Arc::new(Process::new(id.clone(), spec));
-    let exited: Vec<String> = table
+    let process = Arc::new(Process::new(table.next, spec));
+    let mut exited: Vec<(u64, String)> = table
         .by_id
         .values()
         .filter(|p| p.owner == process.owner && !p.running())
-        .map(|p| p.id.clone())
+        .map(|p| (p.seq, p.id.clone()))
         .collect();
-    // Ids sort by creation within a run only as numbers; find the oldest.
-    let mut exited = exited;
-    exited.sort_by_key(|id| seq_of(id));
-    for old in exited
-        .iter()
-        .take((exited.len() + 1).saturating_sub(KEEP_EXITED))
-    {
+    exited.sort_unstable();
+    let excess = (exited.len() + 1).saturating_sub(KEEP_EXITED);
+    for (_, old) in exited.iter().take(excess) {
         table.by_id.remove(old);
     }
-    table.by_id.insert(id, process.clone());
+    table.by_id.insert(process.id.clone(), process.clone());
     process
-}
-
-fn seq_of(id: &str) -> u64 {
-    id.trim_start_matches('p')
-        .split('-')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 pub fn forget(id: &str) {
@@ -551,7 +549,7 @@ pub fn of(principal: &str) -> Vec<Arc<Process>> {
         .filter(|p| p.owner == principal)
         .cloned()
         .collect();
-    mine.sort_by_key(|p| seq_of(&p.id));
+    mine.sort_by_key(|p| p.seq);
     mine
 }
 

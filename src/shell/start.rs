@@ -16,14 +16,13 @@ use rustix::process::Signal;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::mpsc;
 
 use super::process::{self, Process, Spec, StdinChunk, StopReason};
 use super::pty::{self, Pty};
 use super::{
-    DRAIN_GRACE, Io, drained, exit_result, invalid, params, provider_error, shell_terms, spawn,
-    time_limit,
+    Io, drained, exit_result, invalid, params, provider_error, shell_terms, spawn, time_limit,
 };
 use crate::files::Encoding;
 use crate::frame::{ErrorBody, ErrorCode};
@@ -110,18 +109,8 @@ fn launch(
             }
         }
         None => {
-            for (pipe, channel) in [
-                (running.child.stdout.take().map(Pipe::Out), Channel::Stdout),
-                (running.child.stderr.take().map(Pipe::Err), Channel::Stderr),
-            ] {
-                let (done, finished) = tokio::sync::oneshot::channel();
-                let sink = process.clone();
-                tokio::spawn(async move {
-                    pump(pipe, &sink, channel).await;
-                    let _ = done.send(());
-                });
-                pumps.push(finished);
-            }
+            pumps.push(pump(running.child.stdout.take(), &process, Channel::Stdout));
+            pumps.push(pump(running.child.stderr.take(), &process, Channel::Stderr));
             if let Some(stdin) = running.child.stdin.take() {
                 tokio::spawn(feed(stdin, stdin_rx, process.clone()));
             }
@@ -219,27 +208,25 @@ fn let_go(call: &Call, process: &Process, owner: bool, gone: bool) -> ErrorBody 
     ErrorBody::new(ErrorCode::Cancelled, "the process was killed: cancelled")
 }
 
-enum Pipe {
-    Out(tokio::process::ChildStdout),
-    Err(tokio::process::ChildStderr),
-}
-
-impl Pipe {
-    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Self::Out(pipe) => pipe.read(buf).await,
-            Self::Err(pipe) => pipe.read(buf).await,
+/// Moves one output pipe into the ring until it closes; the receiver
+/// hears when it has.
+fn pump(
+    pipe: Option<impl AsyncRead + Unpin + Send + 'static>,
+    process: &Arc<Process>,
+    channel: Channel,
+) -> tokio::sync::oneshot::Receiver<()> {
+    let (done, finished) = tokio::sync::oneshot::channel();
+    let process = process.clone();
+    tokio::spawn(async move {
+        if let Some(mut pipe) = pipe {
+            let mut buf = vec![0u8; 32 * 1024];
+            while let Ok(n @ 1..) = pipe.read(&mut buf).await {
+                process.output.push(channel, &buf[..n]);
+            }
         }
-    }
-}
-
-/// Moves one output pipe into the ring until it closes.
-async fn pump(pipe: Option<Pipe>, process: &Process, channel: Channel) {
-    let Some(mut pipe) = pipe else { return };
-    let mut buf = vec![0u8; 32 * 1024];
-    while let Ok(n @ 1..) = pipe.read(&mut buf).await {
-        process.output.push(channel, &buf[..n]);
-    }
+        let _ = done.send(());
+    });
+    finished
 }
 
 /// Writes what `shell.input` sends to the process's stdin (or terminal).
@@ -400,9 +387,7 @@ pub async fn cancel(call: Call) -> Result<Value, ErrorBody> {
     let p: ProcessParams = params(&call.request)?;
     let process = process::find(&call.principal, &p.process_id)?;
     let was_running = process.running();
-    process.stop(StopReason::Cancelled);
-    // Answer once it is gone, so that a status right after says so.
-    let _ = tokio::time::timeout(DRAIN_GRACE * 2, process.exited()).await;
+    process.stop_and_wait(StopReason::Cancelled).await;
     Ok(json!({"process_id": p.process_id, "cancelled": was_running}))
 }
 
