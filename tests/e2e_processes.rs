@@ -446,6 +446,73 @@ async fn an_idle_detached_process_is_ended_and_a_revoked_one_killed() {
 }
 
 #[tokio::test]
+async fn a_grant_that_says_survive_keeps_its_processes_through_revocation() {
+    let (alice, bob) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let surviving = policy(&alice, &bob, true).replace("IDLE", "1h").replace(
+        "persist = true",
+        "persist = true, survive_revocation = true",
+    );
+    let gw = Gateway::start(&surviving, "");
+    let marker = format!("survivor-{}", std::process::id());
+    let client = connect(&gw, &alice).await;
+    // One followed by its start request, one detached.
+    let script = format!("echo up; sleep 60; : {marker}");
+    let mut followed = client.start("shell.start", sh(&script)).await.unwrap();
+    read_until(&mut followed, &mut Seen::default(), "up\n").await;
+    let other = connect(&gw, &alice).await;
+    let mut detached = other.start("shell.start", sh(&script)).await.unwrap();
+    read_until(&mut detached, &mut Seen::default(), "up\n").await;
+    drop(detached);
+    drop(other);
+
+    gw.write_policy(&policy(&alice, &bob, false));
+    gw.signal("HUP");
+    // The start request is answered (its grant is gone), the process not
+    // killed.
+    let answer = tokio::time::timeout(Duration::from_secs(10), followed.response())
+        .await
+        .expect("the revoked start request was answered");
+    assert_eq!(
+        remote(&answer).map(|r| r.0),
+        Some(ErrorCode::PermissionDenied),
+        "{answer:?}"
+    );
+    // Several keeper rounds later both still run.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(processes_with(&marker).len(), 2, "both processes survive");
+    // They are still the principal's: with the grant back, listed.
+    gw.write_policy(&surviving);
+    gw.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (client, list) = loop {
+        let client = connect(&gw, &alice).await;
+        if let Ok(list) = client.request("shell.list", json!({})).await {
+            break (client, list);
+        }
+        assert!(Instant::now() < deadline, "the shell grant came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let running: Vec<&Value> = list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["state"] == "running")
+        .collect();
+    assert_eq!(running.len(), 2, "{list}");
+    for process in running {
+        let id = json!({"process_id": process["process_id"]});
+        client.request("shell.cancel", id).await.unwrap();
+    }
+    eventually("cancelled survivors are gone", || {
+        processes_with(&marker).is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn after_a_restart_old_process_ids_answer_not_found_with_why() {
     let Setup { mut gw, alice, .. } = setup("1h");
     let marker = format!("restart-{}", std::process::id());

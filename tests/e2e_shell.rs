@@ -558,3 +558,72 @@ async fn a_reload_that_takes_the_shell_away_kills_running_commands() {
     assert!(files.is_ok(), "{files:?}");
     gw.assert_requests_audited(answered + 2);
 }
+
+#[tokio::test]
+async fn a_host_without_a_mechanism_refuses_or_runs_with_a_warning_as_the_grant_says() {
+    let (a, b) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    // alice's grant requires the sandbox (the default); bob's allows best
+    // effort. The daemon's probe is told Landlock and the network cut are
+    // missing, as on a kernel without them.
+    let policy = policy(&a, &b).replace(
+        r#"network = "allow" }"#,
+        r#"network = "deny", sandbox = "best_effort" }"#,
+    );
+    let gw = Gateway::start_with_env(
+        &policy,
+        "",
+        &[("PORTCULLIS_SANDBOX_PRETEND_MISSING", "landlock,network")],
+    );
+    let alice = gw.connect(&a).await.unwrap();
+    alice.accept_all().await.unwrap();
+    let bob = gw.connect(&b).await.unwrap();
+    bob.accept_all().await.unwrap();
+    let outside = gw.dir.join("outside.txt");
+    let write_outside = |who: &str| json!({"command": ["bash", "-c", format!("echo {who} > {}", outside.display())]});
+
+    let refused = alice.request("shell.exec", write_outside("alice")).await;
+    let Err(ClientError::Remote(e)) = &refused else {
+        panic!("a required sandbox the host lacks must refuse: {refused:?}");
+    };
+    assert_eq!(e.code, ErrorCode::CapabilityUnavailable);
+    assert!(e.message.contains("landlock"), "{}", e.message);
+    assert!(e.message.contains("best_effort"), "{}", e.message);
+    assert!(!outside.exists(), "nothing was run");
+
+    // Best effort: it runs unconfined — the write outside the roots lands,
+    // which is exactly what the warning says.
+    let ran = bob
+        .request("shell.exec", write_outside("bob"))
+        .await
+        .unwrap();
+    assert_eq!(ran["exit_code"], 0, "{ran}");
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "bob\n");
+    let warning = ran["sandbox_warning"].as_str().unwrap_or_default();
+    assert!(
+        warning.contains("landlock") && warning.contains("network"),
+        "{ran}"
+    );
+
+    let entries = gw.audit_entries();
+    let audited = |principal: &str| {
+        entries
+            .iter()
+            .find(|e| {
+                e.record.principal.as_deref() == Some(principal)
+                    && e.record.method.as_deref() == Some("shell.exec")
+            })
+            .map(|e| e.record.clone())
+            .unwrap()
+    };
+    let (alice_entry, bob_entry) = (audited("alice"), audited("bob"));
+    assert_eq!(
+        alice_entry.error_code.as_deref(),
+        Some("capability_unavailable")
+    );
+    assert_eq!(alice_entry.warning, None);
+    assert_eq!(bob_entry.exit_code, Some(0));
+    assert_eq!(bob_entry.warning.as_deref(), Some(warning));
+}

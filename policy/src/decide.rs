@@ -260,6 +260,8 @@ pub struct ShellTerms {
     pub persist: bool,
     pub idle_timeout: Duration,
     pub limits: ProcessLimits,
+    pub sandbox: SandboxMode,
+    pub survive_revocation: bool,
     /// Roots the child may write (`rw`) or read, for its sandbox.
     pub roots: BTreeMap<String, Mode>,
     /// The same roots' host directories (the operator's word), which the
@@ -636,6 +638,8 @@ fn shell(policy: &Policy, grants: &[&Grant], principal: &str, command: &Target) 
             persist: shell.persist,
             idle_timeout: shell.idle_timeout,
             limits: shell.limits,
+            sandbox: shell.sandbox,
+            survive_revocation: shell.survive_revocation,
             roots,
         };
         return allow(

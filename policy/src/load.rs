@@ -309,6 +309,15 @@ impl Validator<'_> {
                 format!("grant `{grant}`: max_open_files must be at least 16 (a program needs a few to start)"),
             );
         }
+        let survive_revocation = raw.survive_revocation.map(|s| {
+            if *s.get_ref() && !raw.persist {
+                self.error(
+                s.span(),
+                format!("grant `{grant}`: survive_revocation needs persist = true (a process that does not persist ends with the request that started it)"),
+                );
+            }
+            s.into_inner()
+        });
         let max_processes = raw.max_processes.map(|m| {
             if *m.get_ref() == 0 {
                 self.error(
@@ -343,6 +352,8 @@ impl Validator<'_> {
                 file_size: raw.max_file_size.map(|s| s.0),
                 open_files: raw.max_open_files.map(Spanned::into_inner),
             },
+            sandbox: raw.sandbox,
+            survive_revocation: survive_revocation.unwrap_or(false),
         }
     }
 

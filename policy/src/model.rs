@@ -81,6 +81,22 @@ pub struct ShellGrant {
     /// output, input or attach; an exited one is forgotten.
     pub idle_timeout: Duration,
     pub limits: ProcessLimits,
+    /// What happens when the host cannot confine a command.
+    pub sandbox: SandboxMode,
+    /// Whether a process keeps running when its grant is revoked (by a
+    /// reload or an expiry); by default it is killed.
+    pub survive_revocation: bool,
+}
+
+/// When the host lacks a confinement mechanism a command needs (Landlock,
+/// a network namespace), a grant either refuses to run commands or runs
+/// them with what the host has, recording a warning in the audit entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    #[default]
+    Require,
+    BestEffort,
 }
 
 /// Resource limits (rlimits) every child of a grant runs under; `None` is

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
-use crate::model::{ApprovalPolicy, Mode, Network, Risk};
+use crate::model::{ApprovalPolicy, Mode, Network, Risk, SandboxMode};
 use crate::units;
 
 #[derive(Deserialize)]
@@ -104,6 +104,10 @@ pub(crate) struct RawShell {
     pub max_file_size: Option<SizeValue>,
     #[serde(default)]
     pub max_open_files: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub sandbox: SandboxMode,
+    #[serde(default)]
+    pub survive_revocation: Option<Spanned<bool>>,
 }
 
 #[derive(Deserialize)]

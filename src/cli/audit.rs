@@ -203,6 +203,11 @@ fn print_rows(entries: &[Entry], json: bool) {
             word(json!(r.decision)),
             word(json!(r.status)),
             name(&r.error_code)
+                + if r.warning.is_some() {
+                    " (warning)"
+                } else {
+                    ""
+                }
         );
     }
 }

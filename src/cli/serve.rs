@@ -82,6 +82,7 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
     };
     tokio::spawn(server::admin::serve(gateway.clone(), admin));
     tokio::spawn(portcullis::shell::process::keeper(gateway.clone()));
+    tokio::task::spawn_blocking(log_sandbox_support);
     if !gateway.config.audit.retains_everything() {
         tokio::spawn(retention(gateway.clone()));
     }
@@ -181,4 +182,22 @@ pub fn init_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// Says once, at startup, what this host can confine commands with.
+fn log_sandbox_support() {
+    match portcullis::shell::host_sandbox() {
+        Ok(support) => {
+            for (mechanism, result) in support {
+                match result {
+                    Ok(()) => info!(mechanism = mechanism.name(), "sandbox: available"),
+                    Err(why) => warn!(
+                        mechanism = mechanism.name(),
+                        "sandbox: missing ({why}); grants that require it refuse commands"
+                    ),
+                }
+            }
+        }
+        Err(e) => warn!("sandbox: {}", e.message),
+    }
 }

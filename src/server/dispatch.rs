@@ -61,6 +61,9 @@ pub struct Call {
     /// connection closed, a revocation, shutdown): a cancel without it was
     /// asked for. A persistent process outlives the first, not the second.
     pub session_end: Arc<std::sync::OnceLock<ErrorBody>>,
+    /// Set, before `cancel` fires, when a policy change revoked this
+    /// request.
+    pub revoked: Arc<std::sync::OnceLock<ErrorBody>>,
 }
 
 /// Data a request moved, counted as it moves.

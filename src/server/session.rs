@@ -722,6 +722,7 @@ impl Session {
             usage: usage.clone(),
             resources: self.resources.clone(),
             session_end: self.end_reason.clone(),
+            revoked: revoked.clone(),
         };
         let (gateway, outbox, done, end_reason) = (
             self.gateway.clone(),
@@ -740,12 +741,15 @@ impl Session {
             };
             record.completed_at = Some(jiff::Timestamp::now().to_string());
             (record.bytes_in, record.bytes_out) = usage.totals();
-            // A command's exit code, when the result carries one.
-            record.exit_code = response
-                .result
-                .as_ref()
+            // A command's exit code and sandbox warning, when the result
+            // carries them.
+            let result = response.result.as_ref();
+            record.exit_code = result
                 .and_then(|r| r.get("exit_code")?.as_i64())
                 .and_then(|code| i32::try_from(code).ok());
+            record.warning = result
+                .and_then(|r| r.get("sandbox_warning")?.as_str())
+                .map(str::to_string);
             (record.status, record.error_code) = match &response.error {
                 None => (Some(Status::Succeeded), None),
                 Some(e) if e.code == ErrorCode::Cancelled => {

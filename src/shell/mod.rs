@@ -25,7 +25,7 @@ use std::process::Stdio;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use portcullis_policy::{Mode, Network, ShellTerms, Terms};
+use portcullis_policy::{Mode, Network, SandboxMode, ShellTerms, Terms};
 use rustix::fs::{Mode as FileMode, OFlags};
 use rustix::process::{Pid, Signal};
 use serde::Deserialize;
@@ -37,6 +37,7 @@ use crate::files::confine::Root;
 use crate::files::{Encoding, RESPONSE_BUDGET, fit_inline};
 use crate::frame::{ErrorBody, ErrorCode, Request};
 use crate::server::dispatch::{Call, Provider, Reply};
+use sandbox::Mechanism;
 
 /// How long the pipes may stay open after the process group was killed (a
 /// process that left the group with `setsid` could hold them).
@@ -130,6 +131,9 @@ async fn exec(call: Call) -> Result<Value, ErrorBody> {
     let (out, err) = (drained(stdout).await, drained(stderr).await);
     call.usage.add_out(out.data.len() + err.data.len());
     let mut result = exit_result(&status, &outcome, running.started);
+    if let Some(warning) = &running.sandbox_warning {
+        result["sandbox_warning"] = json!(warning);
+    }
     result["encoding"] = json!(match p.encoding {
         Encoding::Utf8 => "utf8",
         Encoding::Base64 => "base64",
@@ -178,6 +182,9 @@ pub(crate) struct Running {
     pub started: Instant,
     /// A terminal's session may hold process groups of its own (jobs).
     terminal: bool,
+    /// What the sandbox lacked (a best-effort grant on a host without a
+    /// mechanism); recorded in the audit entry.
+    pub sandbox_warning: Option<String>,
     _slot: ProcessSlot,
 }
 
@@ -208,7 +215,8 @@ pub(crate) fn spawn(
     let program = resolve(program, terms)?;
     let cwd = WorkingDir::open(terms)?;
     let terminal = matches!(io, Io::Terminal(_));
-    let mut launch = launcher(terms, &program, args, terminal)?;
+    let skip = missing_mechanisms(terms)?;
+    let mut launch = launcher(terms, &program, args, terminal, &skip)?;
     launch.env_clear().envs(&terms.env).current_dir(cwd.path());
     match io {
         Io::Piped { stdin } => {
@@ -237,11 +245,22 @@ pub(crate) fn spawn(
     // (dropping `launch` closes ours, so the terminal ends with the child).
     drop((cwd, launch));
     let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+    let sandbox_warning = (!skip.is_empty()).then(|| {
+        let missing: Vec<String> = skip
+            .iter()
+            .map(|(m, reason)| format!("{} ({reason})", m.name()))
+            .collect();
+        format!(
+            "ran without {}: this host lacks it and the grant allows best effort",
+            missing.join(", ")
+        )
+    });
     Ok(Running {
         child,
         pid,
         started,
         terminal,
+        sandbox_warning,
         _slot: slot,
     })
 }
@@ -446,14 +465,76 @@ fn launcher_path() -> Result<&'static Path, ErrorBody> {
     })
 }
 
+/// What this host can confine commands with, asked of the launcher once
+/// (`portcullis-sandbox --probe`); a mechanism the launcher does not
+/// report counts as missing.
+pub fn host_sandbox() -> Result<&'static [(Mechanism, Result<(), String>)], ErrorBody> {
+    static SUPPORT: OnceLock<Vec<(Mechanism, Result<(), String>)>> = OnceLock::new();
+    let launcher = launcher_path()?;
+    Ok(SUPPORT.get_or_init(|| {
+        let report = std::process::Command::new(launcher)
+            .arg("--probe")
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        Mechanism::ALL
+            .into_iter()
+            .map(|mechanism| {
+                let said = report
+                    .lines()
+                    .find_map(|line| line.strip_prefix(mechanism.name())?.strip_prefix('='));
+                let support = match said {
+                    Some("ok") => Ok(()),
+                    Some(reason) => Err(reason.to_string()),
+                    None => Err("the launcher's probe did not answer".to_string()),
+                };
+                (mechanism, support)
+            })
+            .collect()
+    }))
+}
+
+/// The mechanisms this command needs that the host lacks, with why: an
+/// error when the grant requires them, the launcher's `--skip` list when
+/// it allows best effort.
+fn missing_mechanisms(terms: &ShellTerms) -> Result<Vec<(Mechanism, String)>, ErrorBody> {
+    let needed = |m: Mechanism| m == Mechanism::Landlock || terms.network == Network::Deny;
+    let missing: Vec<(Mechanism, String)> = host_sandbox()?
+        .iter()
+        .filter(|(m, _)| needed(*m))
+        .filter_map(|(m, support)| Some((*m, support.clone().err()?)))
+        .collect();
+    if missing.is_empty() || terms.sandbox == SandboxMode::BestEffort {
+        return Ok(missing);
+    }
+    let what: Vec<String> = missing
+        .iter()
+        .map(|(m, reason)| format!("{}: {reason}", m.name()))
+        .collect();
+    Err(ErrorBody::new(
+        ErrorCode::CapabilityUnavailable,
+        format!(
+            "this host cannot confine the command as the grant requires ({}); nothing was run \
+             (an operator may set sandbox = \"best_effort\" on the grant to run it with a warning)",
+            what.join("; ")
+        ),
+    ))
+}
+
 /// The launcher command: confine, then exec the program.
 fn launcher(
     terms: &ShellTerms,
     program: &Path,
     args: &[String],
     terminal: bool,
+    skip: &[(Mechanism, String)],
 ) -> Result<tokio::process::Command, ErrorBody> {
     let mut command = tokio::process::Command::new(launcher_path()?);
+    for (mechanism, _) in skip {
+        command.arg("--skip").arg(mechanism.name());
+    }
     for (path, mode) in &terms.host_roots {
         command.arg(if *mode == Mode::Rw { "--rw" } else { "--ro" });
         command.arg(path);

@@ -85,6 +85,10 @@ pub struct Process {
     pub started_at: String,
     pub persist: bool,
     pub idle_timeout: Duration,
+    /// Keeps running when its grant is revoked.
+    pub survive_revocation: bool,
+    /// What the sandbox lacked, if anything (see `Running`).
+    pub sandbox_warning: Option<String>,
     /// The terminal's controlling side, for `shell.resize`.
     pub terminal: Option<Arc<std::os::fd::OwnedFd>>,
     pub output: Output,
@@ -111,6 +115,8 @@ pub struct Spec {
     pub pid: Option<i32>,
     pub persist: bool,
     pub idle_timeout: Duration,
+    pub survive_revocation: bool,
+    pub sandbox_warning: Option<String>,
     pub terminal: Option<Arc<std::os::fd::OwnedFd>>,
     pub output_limit: u64,
     pub stdin: mpsc::Sender<StdinChunk>,
@@ -128,6 +134,8 @@ impl Process {
             started_at: jiff::Timestamp::now().to_string(),
             persist: spec.persist,
             idle_timeout: spec.idle_timeout,
+            survive_revocation: spec.survive_revocation,
+            sandbox_warning: spec.sandbox_warning,
             terminal: spec.terminal,
             output: Output::new(RING_BYTES, spec.output_limit),
             stdin: spec.stdin,
@@ -237,6 +245,8 @@ impl Process {
         let mut value = json!({
             "process_id": self.id,
             "command": self.command,
+            "root_id": self.request.params.get("root_id"),
+            "cwd": self.request.params.get("cwd"),
             "pid": self.pid,
             "started_at": self.started_at,
             "state": if self.running() { "running" } else { "exited" },
@@ -246,6 +256,9 @@ impl Process {
             "first_seq": first_seq,
             "next_seq": next_seq,
         });
+        if let Some(warning) = &self.sandbox_warning {
+            value["sandbox_warning"] = json!(warning);
+        }
         if let Some(Value::Object(result)) = self.result() {
             for key in ["exit_code", "signal", "ended_by", "duration_ms"] {
                 if let Some(v) = result.get(key) {
@@ -589,14 +602,10 @@ async fn keep(gateway: Arc<Gateway>) {
             Instant::now(),
         );
         for process in all() {
-            if process.running()
-                && !crate::server::query::still_allowed(
-                    &policy,
-                    &process.owner,
-                    &process.request,
-                    now,
-                )
-            {
+            let revoked = || {
+                !crate::server::query::still_allowed(&policy, &process.owner, &process.request, now)
+            };
+            if process.running() && !process.survive_revocation && revoked() {
                 tracing::info!(process = %process.id, principal = %process.owner, "process revoked by the policy");
                 process.stop(StopReason::Revoked);
             } else if process.persist && process.idle(instant) {

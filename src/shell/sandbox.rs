@@ -6,7 +6,9 @@
 //! its own: starting the daemon's 90 MB binary for it cost 1.7 ms more.
 //!
 //! Usage: `portcullis-sandbox [--rw DIR]… [--ro DIR]… [--deny-network]
-//! [--tty] [--limit NAME=N]… -- PROGRAM [ARG…]`.
+//! [--tty] [--limit NAME=N]… [--skip MECHANISM]… -- PROGRAM [ARG…]`, or
+//! `portcullis-sandbox --probe`, which reports which mechanisms this host
+//! has (one `NAME=ok` or `NAME=REASON` line each); the daemon asks once.
 //!
 //! In order: a session and process group of its own (so the daemon can
 //! end the whole group), with `--tty` its stdin as controlling terminal;
@@ -17,7 +19,10 @@
 //! the granted `ro` roots, read and write the `rw` roots, and, when the
 //! grant denies the network, no TCP connect or bind as well. If the kernel
 //! cannot enforce that (a network namespace; Landlock ABI 3, and 4 for the
-//! network rules) the launcher refuses to run the program.
+//! network rules) the launcher refuses to run the program — unless the
+//! daemon passed `--skip` for that mechanism, which it does only for a
+//! grant with `sandbox = "best_effort"` on a host whose probe said the
+//! mechanism is missing (and then records a warning in the audit entry).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -52,6 +57,8 @@ pub struct SandboxArgs {
     tty: bool,
     /// rlimits to set: (resource, value).
     limits: Vec<(Limit, u64)>,
+    /// Mechanisms not to apply (the host lacks them; best-effort grant).
+    skip: Vec<Mechanism>,
     /// The program (an absolute path) and its arguments.
     command: Vec<OsString>,
 }
@@ -74,6 +81,15 @@ impl SandboxArgs {
                     let arg = args.next().ok_or("--limit needs NAME=N")?;
                     parsed.limits.push(Limit::parse(&arg.to_string_lossy())?);
                 }
+                Some("--skip") => {
+                    let arg = args.next().ok_or("--skip needs a MECHANISM")?;
+                    let name = arg.to_string_lossy();
+                    let mechanism = Mechanism::ALL
+                        .into_iter()
+                        .find(|m| m.name() == name)
+                        .ok_or_else(|| format!("--skip {name}: expected landlock or network"))?;
+                    parsed.skip.push(mechanism);
+                }
                 Some("--") => {
                     parsed.command = args.collect();
                     return match parsed.command.is_empty() {
@@ -84,12 +100,22 @@ impl SandboxArgs {
                 _ => return Err(format!("unexpected argument {}", arg.to_string_lossy())),
             }
         }
-        Err("usage: portcullis-sandbox [--rw DIR]... [--ro DIR]... [--deny-network] [--tty] [--limit NAME=N]... -- PROGRAM [ARG...]".into())
+        Err("usage: portcullis-sandbox [--rw DIR]... [--ro DIR]... [--deny-network] [--tty] [--limit NAME=N]... [--skip MECHANISM]... -- PROGRAM [ARG...]".into())
     }
 }
 
 /// The launcher's `main`.
 pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
+    let mut args = args.peekable();
+    if args.peek().is_some_and(|a| a == "--probe") {
+        for mechanism in Mechanism::ALL {
+            match mechanism.probe() {
+                Ok(()) => println!("{}=ok", mechanism.name()),
+                Err(reason) => println!("{}={reason}", mechanism.name()),
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
     match SandboxArgs::parse(args) {
         Ok(args) => run(args),
         Err(e) => {
@@ -112,7 +138,9 @@ pub fn run(args: SandboxArgs) -> ExitCode {
     {
         return refuse(format!("the terminal: {e}"));
     }
+    let applies = |m: Mechanism| !args.skip.contains(&m);
     if args.deny_network
+        && applies(Mechanism::Network)
         && let Err(e) = own_network_namespace()
     {
         return refuse(format!("a network namespace of its own: {e}"));
@@ -130,7 +158,9 @@ pub fn run(args: SandboxArgs) -> ExitCode {
     if let Err(e) = rustix::thread::set_no_new_privs(true) {
         return refuse(format!("no_new_privs: {e}"));
     }
-    if let Err(e) = landlock(&args) {
+    if applies(Mechanism::Landlock)
+        && let Err(e) = landlock(&args, applies(Mechanism::Network))
+    {
         return refuse(e);
     }
     let Some((program, rest)) = args.command.split_first() else {
@@ -149,15 +179,13 @@ pub fn run(args: SandboxArgs) -> ExitCode {
 
 /// Landlock as strict as the kernel allows, but never weaker than: the
 /// filesystem rights of ABI 3 (which covers truncate), and with
-/// `--deny-network` the TCP rules of ABI 4. Those are required; the newer
-/// rights (ABI 5's device ioctls) are applied where the kernel has them.
-fn landlock(args: &SandboxArgs) -> Result<(), String> {
+/// `--deny-network` (unless the network mechanism is skipped) the TCP
+/// rules of ABI 4. Those are required; the newer rights (ABI 5's device
+/// ioctls) are applied where the kernel has them.
+fn landlock(args: &SandboxArgs, network: bool) -> Result<(), String> {
     let error = |e: landlock::RulesetError| format!("Landlock: {e}");
-    let mut ruleset = Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(ABI::V3))
-        .map_err(error)?;
-    if args.deny_network {
+    let mut ruleset = required_filesystem_rules().map_err(error)?;
+    if args.deny_network && network {
         ruleset = ruleset
             .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
             .map_err(error)?;
@@ -186,6 +214,60 @@ fn landlock(args: &SandboxArgs) -> Result<(), String> {
         // ones would have failed above).
         RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced => Ok(()),
         RulesetStatus::NotEnforced => Err("Landlock is not enforced on this kernel".into()),
+    }
+}
+
+fn required_filesystem_rules() -> Result<Ruleset, landlock::RulesetError> {
+    Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(ABI::V3))
+}
+
+/// The confinement mechanisms a host may lack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    /// Landlock filesystem rules (ABI 3).
+    Landlock,
+    /// A network namespace of its own, plus Landlock's TCP rules (ABI 4);
+    /// needed only by grants with `network = "deny"`.
+    Network,
+}
+
+impl Mechanism {
+    pub const ALL: [Self; 2] = [Self::Landlock, Self::Network];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Landlock => "landlock",
+            Self::Network => "network",
+        }
+    }
+
+    /// Whether this host can apply the mechanism (tried in the probing
+    /// process, which exits right after). `PORTCULLIS_SANDBOX_PRETEND_MISSING`
+    /// (names, comma-separated) makes the probe report a mechanism missing:
+    /// the tests' way to see a host without it.
+    fn probe(self) -> Result<(), String> {
+        let pretend = std::env::var("PORTCULLIS_SANDBOX_PRETEND_MISSING").unwrap_or_default();
+        if pretend.split(',').any(|name| name == self.name()) {
+            return Err("missing (PORTCULLIS_SANDBOX_PRETEND_MISSING)".into());
+        }
+        let created = |ruleset: Result<Ruleset, landlock::RulesetError>| {
+            ruleset
+                .and_then(|r| r.create().map(drop))
+                .map_err(|e| format!("Landlock: {e}"))
+        };
+        match self {
+            Self::Landlock => created(required_filesystem_rules()),
+            Self::Network => {
+                created(
+                    Ruleset::default()
+                        .set_compatibility(CompatLevel::HardRequirement)
+                        .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp),
+                )?;
+                own_network_namespace().map_err(|e| format!("a network namespace: {e}"))
+            }
+        }
     }
 }
 

@@ -44,12 +44,15 @@ pub async fn start(call: Call) -> Result<Value, ErrorBody> {
     let p: StartParams = params(&call.request)?;
     let terms = shell_terms(call.terms.clone())?;
     let process = launch(&call, &p, &terms)?;
-    let started = json!({
+    let mut started = json!({
         "process_id": process.id,
         "pid": process.pid,
         "terminal": process.terminal.is_some(),
         "persist": process.persist,
     });
+    if let Some(warning) = &process.sandbox_warning {
+        started["sandbox_warning"] = json!(warning);
+    }
     process.watch(call.resources.events());
     if call.stream.event("started", started).await.is_err() {
         return Err(let_go(&call, &process, true, true));
@@ -87,6 +90,8 @@ fn launch(
         pid: running.pid.map(|pid| pid.as_raw_nonzero().get()),
         persist: terms.persist,
         idle_timeout: terms.idle_timeout,
+        survive_revocation: terms.survive_revocation,
+        sandbox_warning: running.sandbox_warning.clone(),
         terminal: terminal.as_ref().map(|t| t.master.clone()),
         output_limit: terms.output_limit,
         stdin: stdin_tx,
@@ -142,6 +147,9 @@ fn launch(
                 };
                 result["ended_by"] = json!(ended_by);
                 result["cancelled"] = json!(ended_by == "cancelled");
+                if let Some(warning) = &running.sandbox_warning {
+                    result["sandbox_warning"] = json!(warning);
+                }
                 result
             }
             Err(e) => {
@@ -195,7 +203,8 @@ async fn follow(
 /// `gone`: the session can no longer be written to (it is ending).
 fn let_go(call: &Call, process: &Process, owner: bool, gone: bool) -> ErrorBody {
     let session_ended = gone || call.session_end.get().is_some();
-    if !owner || (session_ended && process.persist) {
+    let revoked = call.revoked.get().is_some() || call.session_end.get().is_some();
+    if !owner || (session_ended && process.persist) || (revoked && process.survive_revocation) {
         return ErrorBody::new(
             ErrorCode::Cancelled,
             "detached; the process keeps running (shell.attach follows it again)",

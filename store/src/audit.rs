@@ -126,6 +126,10 @@ pub struct Record {
     pub event: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// Something the operator should know about how the request ran (a
+    /// command confined less than its grant asks, on a best-effort grant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 /// A stored entry: the record, its place in the chain, and its hash.

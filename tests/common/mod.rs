@@ -29,12 +29,24 @@ pub struct Gateway {
     pub addr: SocketAddr,
     pub url: String,
     pub key: PublicKey,
+    /// Extra environment of the daemon (kept across restarts).
+    env: Vec<(String, String)>,
 }
 
 impl Gateway {
     /// Starts a gateway whose policy is `policy`, with `limits` appended to
     /// its config (a `[limits]` table, or "").
     pub fn start(policy: &str, limits: &str) -> Self {
+        Self::start_with_env(policy, limits, &[])
+    }
+
+    /// [`start`](Self::start) with extra variables in the daemon's
+    /// environment.
+    pub fn start_with_env(policy: &str, limits: &str, env: &[(&str, &str)]) -> Self {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let dir = std::env::temp_dir().join(format!(
             "portcullis-e2e-{}-{}",
             std::process::id(),
@@ -55,13 +67,14 @@ impl Gateway {
              state_dir = \"state\"\nadmin_socket = \"admin.sock\"\n{limits}\n"
         );
         std::fs::write(dir.join("portcullis.toml"), config).unwrap();
-        let (child, addr) = spawn(&dir);
+        let (child, addr) = spawn(&dir, &env);
         Self {
             child,
             url: format!("ws://{addr}"),
             addr,
             key: *gateway_key.public(),
             dir,
+            env,
         }
     }
 
@@ -70,7 +83,7 @@ impl Gateway {
         self.signal("TERM");
         self.wait_exit(Duration::from_secs(15))
             .expect("gateway did not stop");
-        let (child, addr) = spawn(&self.dir);
+        let (child, addr) = spawn(&self.dir, &self.env);
         self.child = child;
         self.addr = addr;
         self.url = format!("ws://{addr}");
@@ -80,7 +93,7 @@ impl Gateway {
     pub fn crash_and_restart(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
-        let (child, addr) = spawn(&self.dir);
+        let (child, addr) = spawn(&self.dir, &self.env);
         self.child = child;
         self.addr = addr;
         self.url = format!("ws://{addr}");
@@ -194,7 +207,7 @@ impl Gateway {
 }
 
 /// Starts `portcullis serve` on `dir`'s config; returns it and its address.
-fn spawn(dir: &std::path::Path) -> (Child, SocketAddr) {
+fn spawn(dir: &std::path::Path, env: &[(String, String)]) -> (Child, SocketAddr) {
     let stderr = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -204,6 +217,7 @@ fn spawn(dir: &std::path::Path) -> (Child, SocketAddr) {
         .args(["serve", "--config"])
         .arg(dir.join("portcullis.toml"))
         .env("RUST_LOG", "debug")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr)
