@@ -20,6 +20,11 @@ pub struct Config {
     /// Serve HTTPS/WSS with this certificate chain and key (PEM).
     pub tls: Option<TlsFiles>,
     pub audit: AuditConfig,
+    /// Where tools' secrets are read from (one file per secret, named as
+    /// the secret): `secrets_dir`, else systemd's `$CREDENTIALS_DIRECTORY`.
+    pub secrets_dir: Option<PathBuf>,
+    /// How long a tool call waits for an operator's approval.
+    pub approval_timeout: Duration,
 }
 
 /// `[audit]`: retention.
@@ -111,6 +116,10 @@ struct RawConfig {
     tls: Option<TlsFiles>,
     #[serde(default)]
     audit: AuditConfig,
+    #[serde(default)]
+    secrets_dir: Option<PathBuf>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    approval_timeout: Option<Duration>,
 }
 
 fn default_provider_id() -> String {
@@ -179,6 +188,11 @@ impl Config {
             admin_socket: resolve(raw.admin_socket),
             limits: raw.limits,
             audit: raw.audit,
+            secrets_dir: raw
+                .secrets_dir
+                .map(resolve)
+                .or_else(|| std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from)),
+            approval_timeout: raw.approval_timeout.unwrap_or(Duration::from_secs(300)),
             tls: raw.tls.map(|t| TlsFiles {
                 cert: resolve(t.cert),
                 key: resolve(t.key),

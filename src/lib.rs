@@ -19,3 +19,4 @@ pub mod record;
 pub mod server;
 pub mod shell;
 pub mod tls;
+pub mod tools;

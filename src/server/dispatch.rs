@@ -64,6 +64,12 @@ pub struct Call {
     /// Set, before `cancel` fires, when a policy change revoked this
     /// request.
     pub revoked: Arc<std::sync::OnceLock<ErrorBody>>,
+    /// The daemon: scripts decide, audit and dispatch the requests they
+    /// make through it, on the same path as the session's.
+    pub gateway: Arc<crate::server::Gateway>,
+    /// The request's audit entry as the session began it (connection,
+    /// peer, principal, context); nested calls start theirs from it.
+    pub record: portcullis_store::Record,
 }
 
 /// Data a request moved, counted as it moves.
@@ -181,6 +187,7 @@ impl Dispatcher {
         dispatcher.register(Arc::new(crate::server::resources::Resources));
         dispatcher.register(Arc::new(crate::files::Files));
         dispatcher.register(Arc::new(crate::shell::Shell));
+        dispatcher.register(Arc::new(crate::tools::Tools));
         dispatcher
     }
 

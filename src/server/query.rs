@@ -63,7 +63,9 @@ pub fn query_for(request: &Request) -> Result<Query, ErrorBody> {
         "tool.call" => Target::Tool {
             name: string(p, "name")?,
         },
-        "script.run" => Target::Script { requested: None },
+        "script.run" => Target::Script {
+            requested: requested_limits(p)?,
+        },
         _ => Target::None,
     };
     Ok(Query {
@@ -85,6 +87,50 @@ pub fn still_allowed(
         let decision = portcullis_policy::decide(policy, principal, &query, now);
         matches!(decision.verdict, portcullis_policy::Verdict::Allow)
     })
+}
+
+/// `script.run`'s `limits`: the ones the request names (it may ask for
+/// less than the grant, never more: policy takes the smaller of each).
+fn requested_limits(
+    params: &Map<String, Value>,
+) -> Result<Option<portcullis_policy::ScriptLimits>, ErrorBody> {
+    let Some(asked) = params.get("limits") else {
+        return Ok(None);
+    };
+    let Value::Object(asked) = asked else {
+        return Err(invalid("`limits` must be an object"));
+    };
+    let mut limits = portcullis_policy::ScriptLimits {
+        max_operations: u64::MAX,
+        max_wall_time: std::time::Duration::MAX,
+        max_string_size: u64::MAX,
+        max_array_len: u64::MAX,
+        max_map_len: u64::MAX,
+        max_call_depth: u64::MAX,
+        max_tool_calls: u64::MAX,
+        max_output: u64::MAX,
+    };
+    for (key, value) in asked {
+        let n = value
+            .as_u64()
+            .ok_or_else(|| invalid(&format!("limits.{key} must be a non-negative integer")))?;
+        let field = match key.as_str() {
+            "max_operations" => &mut limits.max_operations,
+            "max_string_size" => &mut limits.max_string_size,
+            "max_array_len" => &mut limits.max_array_len,
+            "max_map_len" => &mut limits.max_map_len,
+            "max_call_depth" => &mut limits.max_call_depth,
+            "max_tool_calls" => &mut limits.max_tool_calls,
+            "max_output" => &mut limits.max_output,
+            "max_wall_time_ms" => {
+                limits.max_wall_time = std::time::Duration::from_millis(n);
+                continue;
+            }
+            other => return Err(invalid(&format!("limits.{other} is not a script limit"))),
+        };
+        *field = n;
+    }
+    Ok(Some(limits))
 }
 
 fn invalid(message: &str) -> ErrorBody {

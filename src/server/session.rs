@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use portcullis_policy::{
-    Capability, Denial, Policy, Summary, Target, Terms, Verdict, decide, principal_by_key,
+    Capability, Denial, Policy, Summary, Terms, Verdict, decide, principal_by_key,
     principal_by_token, principal_status, summary,
 };
 use portcullis_store::{
@@ -40,6 +40,7 @@ use crate::frame::{
 };
 use crate::record::{self, Channel, Record, RecordError};
 use crate::server::dispatch::{Call, Outbound, Outbox, StreamSink, Usage};
+use crate::server::entry::{self, LONG_RUNNING, code_name, describe_target, error_code};
 use crate::server::query::{query_for, still_allowed};
 use crate::server::resources::SessionResources;
 use crate::server::state::{Gateway, SessionInfo};
@@ -723,6 +724,8 @@ impl Session {
             resources: self.resources.clone(),
             session_end: self.end_reason.clone(),
             revoked: revoked.clone(),
+            gateway: self.gateway.clone(),
+            record: record.clone(),
         };
         let (gateway, outbox, done, end_reason) = (
             self.gateway.clone(),
@@ -739,24 +742,12 @@ impl Session {
                 }
                 Err(error) => Response::err(id.clone(), error),
             };
-            record.completed_at = Some(jiff::Timestamp::now().to_string());
-            (record.bytes_in, record.bytes_out) = usage.totals();
-            // A command's exit code and sandbox warning, when the result
-            // carries them.
-            let result = response.result.as_ref();
-            record.exit_code = result
-                .and_then(|r| r.get("exit_code")?.as_i64())
-                .and_then(|code| i32::try_from(code).ok());
-            record.warning = result
-                .and_then(|r| r.get("sandbox_warning")?.as_str())
-                .map(str::to_string);
-            (record.status, record.error_code) = match &response.error {
-                None => (Some(Status::Succeeded), None),
-                Some(e) if e.code == ErrorCode::Cancelled => {
-                    (Some(Status::Cancelled), Some(code_name(e.code)))
-                }
-                Some(e) => (Some(Status::Failed), Some(code_name(e.code))),
-            };
+            entry::complete(
+                &mut record,
+                response.result.as_ref(),
+                response.error.as_ref(),
+                &usage,
+            );
             if let Err(e) = audit.append(record).await {
                 error!("audit: {e}");
                 let error = ErrorBody::new(
@@ -881,51 +872,6 @@ fn granted_names(granted: &Summary) -> BTreeSet<String> {
 struct Refusal {
     code: ErrorCode,
     message: String,
-}
-
-/// Methods that get an audit entry when they start as well as when they end.
-const LONG_RUNNING: &[&str] = &[
-    "shell.exec",
-    "shell.start",
-    "shell.attach",
-    "tool.call",
-    "script.run",
-    "file.search",
-];
-
-/// Root, path, command or tool, as the client asked (cut to 256 characters).
-fn describe_target(record: &mut AuditRecord, target: &Target) {
-    let cut = |s: &str| s.chars().take(256).collect::<String>();
-    match target {
-        Target::Path { root, path } => {
-            (record.root, record.path) = (Some(cut(root)), Some(cut(path)))
-        }
-        Target::Transfer { from, to } => {
-            record.root = Some(cut(&from.0));
-            record.path = Some(format!("{} -> {}:{}", cut(&from.1), cut(&to.0), cut(&to.1)));
-        }
-        Target::Command { program, cwd, .. } => {
-            record.command = Some(cut(program));
-            if let Some((root, path)) = cwd {
-                (record.root, record.path) = (Some(cut(root)), Some(cut(path)));
-            }
-        }
-        Target::Tool { name } => record.tool = Some(cut(name)),
-        Target::Script { .. } | Target::None => {}
-    }
-}
-
-/// The wire name of an error code (`permission_denied`, …).
-fn code_name(code: ErrorCode) -> String {
-    serde_json::to_value(code)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
-fn error_code(denial: Denial) -> ErrorCode {
-    serde_json::from_value(Value::String(denial.error_code().to_string()))
-        .unwrap_or(ErrorCode::PermissionDenied)
 }
 
 /// Drains the outbox into the socket. Consecutive records are written

@@ -130,6 +130,13 @@ pub struct Record {
     /// command confined less than its grant asks, on a best-effort grant).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// For a call a script made: the `script.run` request it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_request_id: Option<String>,
+    /// For an approved call: who approved it (`uid 1000`, or `remembered`
+    /// with the earlier approval's author).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
 }
 
 /// A stored entry: the record, its place in the chain, and its hash.

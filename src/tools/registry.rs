@@ -1,0 +1,236 @@
+//! The operator's tools as the current policy defines them, compiled once
+//! per policy (a reload compiles again, so an edited tool script takes
+//! effect at the next reload): each tool's Rhai AST and its input
+//! schema's validator. And the secrets tools may read, with redaction.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use portcullis_policy::{Policy, ScriptLimits, Tool};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use zeroize::Zeroizing;
+
+use super::engine;
+use crate::frame::{ErrorBody, ErrorCode};
+
+/// Longest tool script read from disk.
+const MAX_SCRIPT_BYTES: u64 = 1 << 20;
+/// Longest secret value read.
+const MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+pub struct CompiledTool {
+    pub tool: Tool,
+    /// The script, or why it cannot run (unreadable, does not compile).
+    pub ast: Result<rhai::AST, String>,
+    pub schema: Result<jsonschema::Validator, String>,
+}
+
+pub struct Registry {
+    policy: Arc<Policy>,
+    pub tools: Vec<CompiledTool>,
+}
+
+impl Registry {
+    /// The registry of `policy`: compiled the first time it is asked for.
+    pub fn of(policy: &Arc<Policy>) -> Arc<Self> {
+        static CURRENT: Mutex<Option<Arc<Registry>>> = Mutex::new(None);
+        let mut current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(registry) = current.as_ref()
+            && Arc::ptr_eq(&registry.policy, policy)
+        {
+            return registry.clone();
+        }
+        let registry = Arc::new(Self::compile(policy.clone()));
+        *current = Some(registry.clone());
+        registry
+    }
+
+    fn compile(policy: Arc<Policy>) -> Self {
+        let limits = ScriptLimits::DEFAULT;
+        let watch = engine::Watch::new(Instant::now(), CancellationToken::new());
+        let engine = engine::sandboxed(&limits, &watch);
+        let tools = policy
+            .tools
+            .iter()
+            .map(|tool| {
+                let ast = read_limited(&tool.script, MAX_SCRIPT_BYTES)
+                    .map_err(|e| format!("cannot read {}: {e}", tool.script.display()))
+                    .and_then(|text| {
+                        let source = String::from_utf8_lossy(&text);
+                        engine
+                            .compile(source.as_ref())
+                            .map_err(|e| format!("{} does not compile: {e}", tool.script.display()))
+                    });
+                if let Err(e) = &ast {
+                    tracing::warn!(tool = %tool.name, "tool script: {e}");
+                }
+                let schema =
+                    jsonschema::validator_for(&tool.input_schema).map_err(|e| e.to_string());
+                CompiledTool {
+                    tool: tool.clone(),
+                    ast,
+                    schema,
+                }
+            })
+            .collect();
+        Self { policy, tools }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&CompiledTool> {
+        self.tools.iter().find(|t| t.tool.name == name)
+    }
+}
+
+impl CompiledTool {
+    /// Checks `args` against the input schema; the error names each field
+    /// that is wrong and why.
+    pub fn validate(&self, args: &Value) -> Result<(), ErrorBody> {
+        let validator = self.schema.as_ref().map_err(|e| {
+            ErrorBody::new(
+                ErrorCode::ProviderError,
+                format!(
+                    "tool `{}` has an unusable input_schema: {e}",
+                    self.tool.name
+                ),
+            )
+        })?;
+        let problems: Vec<String> = validator
+            .iter_errors(args)
+            .take(10)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                let at = if at.is_empty() { "/".to_string() } else { at };
+                format!("{at}: {e}")
+            })
+            .collect();
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(ErrorBody::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "arguments of tool `{}` do not match its input_schema: {}",
+                self.tool.name,
+                problems.join("; ")
+            ),
+        )
+        .with_details(serde_json::json!({"errors": problems})))
+    }
+}
+
+fn read_limited(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut data = Vec::new();
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_end(&mut data)?;
+    if data.len() as u64 > max {
+        return Err(std::io::Error::other(format!("longer than {max} bytes")));
+    }
+    Ok(data)
+}
+
+/// The secrets one tool may read, loaded when it is called: name and
+/// value. Values are zeroized when dropped.
+#[derive(Default)]
+pub struct Secrets {
+    values: Vec<(String, Zeroizing<String>)>,
+}
+
+impl Secrets {
+    /// Reads each of `names` from `dir` (one file per secret; a trailing
+    /// newline is dropped). A secret that cannot be read is an error that
+    /// names the file, never its content.
+    pub fn load(names: &[String], dir: Option<&Path>) -> Result<Self, ErrorBody> {
+        let mut values = Vec::new();
+        for name in names {
+            let Some(dir) = dir else {
+                return Err(ErrorBody::new(
+                    ErrorCode::ProviderError,
+                    format!(
+                        "secret `{name}`: no secrets directory (set secrets_dir in portcullis.toml, or LoadCredential= under systemd)"
+                    ),
+                ));
+            };
+            let path = dir.join(name);
+            let data = Zeroizing::new(read_limited(&path, MAX_SECRET_BYTES).map_err(|e| {
+                ErrorBody::new(
+                    ErrorCode::ProviderError,
+                    format!("secret `{name}` ({}): {e}", path.display()),
+                )
+            })?);
+            let text = Zeroizing::new(String::from_utf8_lossy(&data).into_owned());
+            let value = Zeroizing::new(text.strip_suffix('\n').unwrap_or(&text).to_string());
+            values.push((name.clone(), value));
+        }
+        Ok(Self { values })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `text` with every secret value replaced by `[REDACTED:name]`.
+    pub fn redact_text(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for (name, value) in &self.values {
+            if !value.is_empty() && out.contains(value.as_str()) {
+                out = out.replace(value.as_str(), &format!("[REDACTED:{name}]"));
+            }
+        }
+        out
+    }
+
+    /// Every string (and key) in `value`, redacted.
+    pub fn redact(&self, value: Value) -> Value {
+        if self.values.is_empty() {
+            return value;
+        }
+        match value {
+            Value::String(s) => Value::String(self.redact_text(&s)),
+            Value::Array(items) => {
+                Value::Array(items.into_iter().map(|v| self.redact(v)).collect())
+            }
+            Value::Object(map) => Value::Object(
+                map.into_iter()
+                    .map(|(k, v)| (self.redact_text(&k), self.redact(v)))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
+    pub fn redact_error(&self, mut error: ErrorBody) -> ErrorBody {
+        error.message = self.redact_text(&error.message);
+        error.details = error.details.map(|d| self.redact(d));
+        error
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn redaction_replaces_every_occurrence_in_strings_and_keys() {
+        let secrets = Secrets {
+            values: vec![
+                ("api".into(), Zeroizing::new("s3cr3t".into())),
+                ("empty".into(), Zeroizing::new(String::new())),
+            ],
+        };
+        let value = json!({"a": "xs3cr3ts3cr3t", "s3cr3t": [1, "s3cr3t"], "n": 5});
+        assert_eq!(
+            secrets.redact(value),
+            json!({"a": "x[REDACTED:api][REDACTED:api]", "[REDACTED:api]": [1, "[REDACTED:api]"], "n": 5})
+        );
+        // An empty secret redacts nothing (it would match everywhere).
+        assert_eq!(secrets.redact_text("plain"), "plain");
+    }
+}

@@ -1,0 +1,412 @@
+//! Tools and scripts end to end, over the real binary: `tool.list` and
+//! `tool.call` with schema checks, secrets redacted from results, streams,
+//! errors and the audit log; `script.run` calling a thousand tools in one
+//! request, its limits (each hit named, other sessions unaffected), its
+//! access to files and commands only as granted, and cancellation.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Gateway, key_b64};
+use portcullis::client::{Client, ClientError, StreamItem};
+use portcullis::frame::ErrorCode;
+use portcullis_crypto::StaticKeypair;
+use serde_json::{Value, json};
+
+const SECRET: &str = "hunter2-s3cr3t-value";
+
+fn policy(alice: &StaticKeypair, bob: &StaticKeypair) -> String {
+    format!(
+        r#"
+[[principal]]
+id = "alice"
+public_key = "{alice}"
+
+[[principal]]
+id = "bob"
+public_key = "{bob}"
+
+[[root]]
+id = "main"
+path = "GWDIR/workspace"
+virtual_path = "/workspace/main"
+
+[[grant]]
+id = "alice"
+principals = ["alice"]
+fileops = {{ main = "ro" }}
+shell = {{ commands = ["echo"], env_set = {{ PATH = "/usr/bin:/bin" }} }}
+tools = {{ allow = ["*"] }}
+scripts = {{ max_operations = 1000000000, max_wall_time = "3s", max_string_size = "64 KiB", max_array_len = 10000, max_map_len = 1000, max_call_depth = 32, max_tool_calls = 1000, max_output = "4 KiB" }}
+
+[[grant]]
+id = "bob"
+principals = ["bob"]
+tools = {{ allow = ["add"] }}
+
+[[tool]]
+name = "add"
+description = "Adds two integers."
+input_schema = {{ type = "object", required = ["a", "b"], additionalProperties = false, properties = {{ a = {{ type = "integer" }}, b = {{ type = "integer" }} }} }}
+risk = "low"
+approval_policy = "allow"
+script = "tools/add.rhai"
+
+[[tool]]
+name = "vault"
+description = "Uses an API key."
+input_schema = {{ type = "object", properties = {{ fail = {{ type = "boolean" }} }} }}
+risk = "medium"
+approval_policy = "allow"
+script = "tools/vault.rhai"
+secrets = ["api_key"]
+
+[[tool]]
+name = "danger"
+description = "Never runs."
+input_schema = {{ type = "object" }}
+risk = "critical"
+approval_policy = "block"
+script = "tools/add.rhai"
+"#,
+        alice = key_b64(alice),
+        bob = key_b64(bob),
+    )
+}
+
+struct Setup {
+    gw: Gateway,
+    alice: Client,
+    bob: Client,
+}
+
+async fn setup() -> Setup {
+    let (a, b) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let gw = Gateway::start(&policy(&a, &b), r#"secrets_dir = "secrets""#);
+    for dir in ["tools", "secrets", "workspace"] {
+        std::fs::create_dir_all(gw.dir.join(dir)).unwrap();
+    }
+    std::fs::write(gw.dir.join("tools/add.rhai"), "args.a + args.b").unwrap();
+    std::fs::write(
+        gw.dir.join("tools/vault.rhai"),
+        r#"let key = secret("api_key");
+print("using " + key);
+if args.fail == true { throw "the service refused key " + key; }
+"key is " + key"#,
+    )
+    .unwrap();
+    std::fs::write(gw.dir.join("secrets/api_key"), format!("{SECRET}\n")).unwrap();
+    std::fs::write(gw.dir.join("workspace/notes.txt"), "hello from a file\n").unwrap();
+    let alice = gw.connect(&a).await.unwrap();
+    alice.accept_all().await.unwrap();
+    let bob = gw.connect(&b).await.unwrap();
+    bob.accept_all().await.unwrap();
+    Setup { gw, alice, bob }
+}
+
+fn remote(result: &Result<Value, ClientError>) -> (ErrorCode, String, Value) {
+    match result {
+        Err(ClientError::Remote(e)) => (
+            e.code,
+            e.message.clone(),
+            e.details.clone().unwrap_or(Value::Null),
+        ),
+        other => panic!("expected a remote error, got {other:?}"),
+    }
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn tools_are_listed_as_granted_and_called_with_checked_arguments() {
+    let Setup { gw, alice, bob, .. } = setup().await;
+    let list = alice.request("tool.list", json!({})).await.unwrap();
+    assert_eq!(names(&list), ["add", "vault"], "a block tool is not listed");
+    assert_eq!(
+        list["tools"][0]["input_schema"]["required"],
+        json!(["a", "b"])
+    );
+    assert_eq!(
+        names(&bob.request("tool.list", json!({})).await.unwrap()),
+        ["add"]
+    );
+
+    let sum = bob
+        .request(
+            "tool.call",
+            json!({"name": "add", "arguments": {"a": 2, "b": 40}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sum["value"], 42, "{sum}");
+
+    let wrong_type = bob
+        .request(
+            "tool.call",
+            json!({"name": "add", "arguments": {"a": "two", "b": 1}}),
+        )
+        .await;
+    let (code, message, _) = remote(&wrong_type);
+    assert_eq!(code, ErrorCode::InvalidRequest);
+    assert!(
+        message.contains("/a") && message.contains("integer"),
+        "{message}"
+    );
+    let missing = bob
+        .request("tool.call", json!({"name": "add", "arguments": {"a": 1}}))
+        .await;
+    let (code, message, _) = remote(&missing);
+    assert_eq!(code, ErrorCode::InvalidRequest);
+    assert!(
+        message.contains("\"b\" is a required property"),
+        "{message}"
+    );
+
+    let not_granted = bob
+        .request("tool.call", json!({"name": "vault", "arguments": {}}))
+        .await;
+    assert_eq!(remote(&not_granted).0, ErrorCode::PermissionDenied);
+    let blocked = alice
+        .request("tool.call", json!({"name": "danger", "arguments": {}}))
+        .await;
+    assert_eq!(remote(&blocked).0, ErrorCode::PolicyBlocked);
+    let unknown = alice
+        .request("tool.call", json!({"name": "nope", "arguments": {}}))
+        .await;
+    assert_eq!(remote(&unknown).0, ErrorCode::NotFound);
+
+    let calls: Vec<_> = gw
+        .audit_entries()
+        .into_iter()
+        .filter(|e| {
+            e.record.method.as_deref() == Some("tool.call") && e.record.completed_at.is_some()
+        })
+        .collect();
+    assert_eq!(calls.len(), 6);
+    assert!(calls.iter().all(|e| e.record.tool.is_some()));
+}
+
+#[tokio::test]
+async fn secrets_never_leave_in_results_streams_errors_or_the_audit_log() {
+    let Setup { gw, alice, .. } = setup().await;
+    let mut handle = alice
+        .start("tool.call", json!({"name": "vault", "arguments": {}}))
+        .await
+        .unwrap();
+    let mut printed = Vec::new();
+    while let Some(item) = handle.next().await {
+        if let StreamItem::Stream { event, data } = item {
+            printed.push((event, data["text"].as_str().unwrap_or_default().to_string()));
+        }
+    }
+    let result = handle.response().await.unwrap();
+    assert_eq!(result["value"], "key is [REDACTED:api_key]");
+    assert_eq!(
+        printed,
+        [("stdout".to_string(), "using [REDACTED:api_key]".to_string())]
+    );
+
+    let failed = alice
+        .request(
+            "tool.call",
+            json!({"name": "vault", "arguments": {"fail": true}}),
+        )
+        .await;
+    let (_, message, _) = remote(&failed);
+    assert!(message.contains("[REDACTED:api_key]"), "{message}");
+    assert!(!message.contains(SECRET), "{message}");
+
+    // Through a script as well.
+    let script = r#"let r = call_tool("vault", #{}); print(r); r"#;
+    let ran = alice
+        .request("script.run", json!({"source": script}))
+        .await
+        .unwrap();
+    assert_eq!(ran["value"], "key is [REDACTED:api_key]");
+
+    let log = gw.cli_config(&["audit", "list", "--json", "--limit", "1000"]);
+    let text = String::from_utf8_lossy(&log.stdout);
+    assert!(text.contains("vault"), "the calls were audited");
+    assert!(!text.contains(SECRET), "a secret reached the audit log");
+    assert!(
+        !gw.log().contains(SECRET),
+        "a secret reached the daemon's log"
+    );
+}
+
+#[tokio::test]
+async fn a_script_calls_a_thousand_tools_in_one_request_each_audited() {
+    let Setup { gw, alice, .. } = setup().await;
+    let script = r#"let sum = 0; for i in 0..1000 { sum += call_tool("add", #{a: i, b: 1}); } sum"#;
+    let started = Instant::now();
+    let ran = alice
+        .request("script.run", json!({"source": script}))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(ran["value"], 500_500, "{ran}");
+    assert_eq!(ran["stats"]["tool_calls"], 1000);
+    eprintln!("1000 tool calls in one script: {took:?}");
+
+    let entries = gw.audit_entries();
+    let parent = entries
+        .iter()
+        .find(|e| {
+            e.record.method.as_deref() == Some("script.run") && e.record.completed_at.is_some()
+        })
+        .unwrap();
+    let children = entries
+        .iter()
+        .filter(|e| {
+            e.record.parent_request_id == parent.record.request_id
+                && e.record.completed_at.is_some()
+                && e.record.tool.as_deref() == Some("add")
+        })
+        .count();
+    assert_eq!(children, 1000);
+
+    // The script's own limit on tool calls.
+    let over = r#"for i in 0..1001 { call_tool("add", #{a: 1, b: 1}); }"#;
+    let (code, message, details) =
+        remote(&alice.request("script.run", json!({"source": over})).await);
+    assert_eq!(code, ErrorCode::ProviderError);
+    assert_eq!(details["limit"], "max_tool_calls", "{message}");
+}
+
+#[tokio::test]
+async fn each_limit_ends_its_script_while_other_sessions_keep_working() {
+    let Setup { gw, alice, bob, .. } = setup().await;
+    let cases = [
+        ("loop { }", "max_wall_time"),
+        ("fn f(n) { f(n + 1) } f(0)", "max_call_depth"),
+        (r#"let s = "x"; loop { s += s; }"#, "max_string_size"),
+        ("let a = []; loop { a.push(1); }", "max_array_len"),
+        (
+            "let m = #{}; let i = 0; loop { m[`k${i}`] = i; i += 1; m.len(); }",
+            "max_map_len",
+        ),
+        (
+            "let n = 0; loop { print(`line ${n}`); n += 1; }",
+            "max_output",
+        ),
+    ];
+    let many: String = (0..=1000).map(|i| format!("let v{i} = {i};")).collect();
+    for (source, limit) in cases
+        .iter()
+        .copied()
+        .chain([(many.as_str(), "max_variables")])
+    {
+        let run = alice.request("script.run", json!({"source": source}));
+        // While the script runs, another session's calls are answered.
+        let probe = async {
+            let started = Instant::now();
+            let sum = bob
+                .request(
+                    "tool.call",
+                    json!({"name": "add", "arguments": {"a": 1, "b": 2}}),
+                )
+                .await
+                .unwrap();
+            (sum, started.elapsed())
+        };
+        let (result, (sum, took)) = tokio::join!(run, probe);
+        assert_eq!(sum["value"], 3);
+        eprintln!("{limit}: another session's tool.call took {took:?}");
+        let (code, message, details) = remote(&result);
+        let named = details["limit"].as_str().unwrap_or_default().to_string();
+        assert_eq!(named, limit, "{source}: {code:?} {message}");
+        assert!(message.contains(limit), "{message}");
+    }
+    // A request may ask for less than the grant, never more.
+    let asked = alice
+        .request(
+            "script.run",
+            json!({"source": "loop {}", "limits": {"max_operations": 1000, "max_wall_time_ms": 600000}}),
+        )
+        .await;
+    assert_eq!(remote(&asked).2["limit"], "max_operations");
+    drop(gw);
+}
+
+#[tokio::test]
+async fn a_running_script_is_cancelled() {
+    let Setup { gw: _gw, alice, .. } = setup().await;
+    let handle = alice
+        .start("script.run", json!({"source": "loop { }"}))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    handle.cancel().await.unwrap();
+    let result = handle.response().await;
+    assert_eq!(remote(&result).0, ErrorCode::Cancelled);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn scripts_reach_files_and_commands_only_as_granted() {
+    let Setup { gw, alice, .. } = setup().await;
+    let script = r#"
+        let text = read_file("main", "notes.txt");
+        let listing = list_dir("main", "");
+        let echoed = exec(["echo", "from", "exec"]);
+        let refused = "ran";
+        try { exec(["cat", "/etc/hostname"]); } catch (e) { refused = e.code; }
+        let outside = "read";
+        try { read_file("main", "../../etc/passwd"); } catch (e) { outside = e.code; }
+        #{text: text, entries: listing.entries.len(), echoed: echoed.stdout, refused: refused, outside: outside}
+    "#;
+    let ran = alice
+        .request("script.run", json!({"source": script}))
+        .await
+        .unwrap();
+    let value = &ran["value"];
+    assert_eq!(value["text"], "hello from a file\n", "{ran}");
+    assert_eq!(value["entries"], 1);
+    assert_eq!(value["echoed"], "from exec\n");
+    assert_eq!(value["refused"], "permission_denied");
+    assert_eq!(value["outside"], "permission_denied");
+
+    // Each of those was decided and audited as its own request.
+    let entries = gw.audit_entries();
+    let nested: Vec<_> = entries
+        .iter()
+        .filter(|e| e.record.parent_request_id.is_some() && e.record.completed_at.is_some())
+        .map(|e| {
+            (
+                e.record.method.clone().unwrap_or_default(),
+                e.record.error_code.clone(),
+            )
+        })
+        .collect();
+    for expected in [
+        ("file.read", None),
+        ("file.list", None),
+        ("shell.exec", None),
+        ("shell.exec", Some("permission_denied".to_string())),
+        ("file.read", Some("permission_denied".to_string())),
+    ] {
+        let expected = (expected.0.to_string(), expected.1);
+        assert!(nested.contains(&expected), "{expected:?} not in {nested:?}");
+    }
+    let shell = entries
+        .iter()
+        .find(|e| e.record.method.as_deref() == Some("shell.exec") && e.record.exit_code.is_some())
+        .unwrap();
+    assert_eq!(shell.record.command.as_deref(), Some("echo"));
+}
