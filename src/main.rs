@@ -63,6 +63,19 @@ enum Command {
         #[command(flatten)]
         source: cli::audit::Source,
     },
+    /// Tool calls waiting for an operator: list, approve, deny.
+    Approvals {
+        #[command(subcommand)]
+        action: Option<ApprovalsCommand>,
+        #[command(flatten)]
+        socket: cli::admin::Socket,
+    },
+    /// Operator-defined tools on a gateway: list, call.
+    #[command(subcommand)]
+    Tool(cli::tools::ToolCommand),
+    /// Run a Rhai script on a gateway (`script run FILE`).
+    #[command(subcommand)]
+    Script(cli::tools::ScriptCommand),
     /// Emergency stop: refuse every request until `resume` (survives restarts).
     Pause(cli::admin::Socket),
     /// Undo `pause`.
@@ -159,6 +172,16 @@ enum AuditCommand {
 }
 
 #[derive(Subcommand)]
+enum ApprovalsCommand {
+    /// List the calls waiting (the default).
+    List,
+    /// Let a waiting call run (as your uid; `ask_once` approvals are remembered).
+    Approve { id: u64 },
+    /// Refuse a waiting call (it answers `approval_required`).
+    Deny { id: u64 },
+}
+
+#[derive(Subcommand)]
 enum SessionsCommand {
     /// List sessions (the default).
     List,
@@ -245,6 +268,20 @@ fn main() -> ExitCode {
             socket,
         } => cli::admin::kill(&socket, id),
         Command::Policy(PolicyCommand::Reload(socket)) => cli::admin::reload(&socket),
+        Command::Approvals {
+            action: None | Some(ApprovalsCommand::List),
+            socket,
+        } => cli::admin::approvals(&socket),
+        Command::Approvals {
+            action: Some(ApprovalsCommand::Approve { id }),
+            socket,
+        } => cli::admin::decide_approval(&socket, id, true),
+        Command::Approvals {
+            action: Some(ApprovalsCommand::Deny { id }),
+            socket,
+        } => cli::admin::decide_approval(&socket, id, false),
+        Command::Tool(command) => cli::tools::tool(command),
+        Command::Script(command) => cli::tools::script(command),
         Command::Pause(socket) => cli::admin::pause(&socket, true),
         Command::Resume(socket) => cli::admin::pause(&socket, false),
         Command::Ping { target, count } => cli::connect::ping(target, count),

@@ -63,6 +63,22 @@ script = "tools/vault.rhai"
 secrets = ["api_key"]
 
 [[tool]]
+name = "deploy"
+description = "Asks once."
+input_schema = {{ type = "object" }}
+risk = "high"
+approval_policy = "ask_once"
+script = "tools/add.rhai"
+
+[[tool]]
+name = "wipe"
+description = "Asks every time."
+input_schema = {{ type = "object" }}
+risk = "high"
+approval_policy = "always_ask"
+script = "tools/wipe.rhai"
+
+[[tool]]
 name = "danger"
 description = "Never runs."
 input_schema = {{ type = "object" }}
@@ -86,11 +102,15 @@ async fn setup() -> Setup {
         StaticKeypair::generate().unwrap(),
         StaticKeypair::generate().unwrap(),
     );
-    let gw = Gateway::start(&policy(&a, &b), r#"secrets_dir = "secrets""#);
+    let gw = Gateway::start(
+        &policy(&a, &b),
+        "secrets_dir = \"secrets\"\napproval_timeout = \"2s\"",
+    );
     for dir in ["tools", "secrets", "workspace"] {
         std::fs::create_dir_all(gw.dir.join(dir)).unwrap();
     }
     std::fs::write(gw.dir.join("tools/add.rhai"), "args.a + args.b").unwrap();
+    std::fs::write(gw.dir.join("tools/wipe.rhai"), r#""wiped " + args.what"#).unwrap();
     std::fs::write(
         gw.dir.join("tools/vault.rhai"),
         r#"let key = secret("api_key");
@@ -132,7 +152,12 @@ fn names(list: &Value) -> Vec<String> {
 async fn tools_are_listed_as_granted_and_called_with_checked_arguments() {
     let Setup { gw, alice, bob, .. } = setup().await;
     let list = alice.request("tool.list", json!({})).await.unwrap();
-    assert_eq!(names(&list), ["add", "vault"], "a block tool is not listed");
+    assert_eq!(
+        names(&list),
+        ["add", "vault", "deploy", "wipe"],
+        "a block tool is not listed"
+    );
+    assert_eq!(list["tools"][3]["approval_policy"], "always_ask");
     assert_eq!(
         list["tools"][0]["input_schema"]["required"],
         json!(["a", "b"])
@@ -409,4 +434,124 @@ async fn scripts_reach_files_and_commands_only_as_granted() {
         .find(|e| e.record.method.as_deref() == Some("shell.exec") && e.record.exit_code.is_some())
         .unwrap();
     assert_eq!(shell.record.command.as_deref(), Some("echo"));
+}
+
+/// The calls waiting for approval, as `portcullis approvals list --json`
+/// shows them, once there are `n`.
+async fn waiting(gw: &Gateway, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = gw.cli(&["approvals", "list", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let all = list["approvals"].as_array().unwrap().clone();
+        if all.len() >= n {
+            return all;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited for {n} approvals: {list}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn approvals_park_the_call_until_an_operator_decides_or_it_times_out() {
+    let Setup { gw, alice, .. } = setup().await;
+    let wipe = json!({"name": "wipe", "arguments": {"what": "cache"}});
+
+    // Approved: the call waits, is listed with its arguments, then runs.
+    let call = alice.request("tool.call", wipe.clone());
+    let operator = async {
+        let pending = waiting(&gw, 1).await;
+        assert_eq!(pending[0]["tool"], "wipe");
+        assert_eq!(pending[0]["principal"], "alice");
+        assert_eq!(pending[0]["arguments"], json!({"what": "cache"}));
+        let id = pending[0]["id"].to_string();
+        let out = gw.cli(&["approvals", "approve", &id]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let (result, ()) = tokio::join!(call, operator);
+    assert_eq!(result.unwrap()["value"], "wiped cache");
+
+    // Denied.
+    let call = alice.request("tool.call", wipe.clone());
+    let operator = async {
+        let id = waiting(&gw, 1).await[0]["id"].to_string();
+        assert!(gw.cli(&["approvals", "deny", &id]).status.success());
+    };
+    let (result, ()) = tokio::join!(call, operator);
+    let (code, message, _) = remote(&result);
+    assert_eq!(code, ErrorCode::ApprovalRequired);
+    assert!(message.contains("denied"), "{message}");
+
+    // Nobody answers within approval_timeout (2 s).
+    let started = Instant::now();
+    let result = alice.request("tool.call", wipe.clone()).await;
+    let (code, message, _) = remote(&result);
+    assert_eq!(code, ErrorCode::ApprovalRequired);
+    assert!(message.contains("within 2 s"), "{message}");
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(
+        waiting(&gw, 0).await.is_empty(),
+        "the timed-out call is no longer listed"
+    );
+
+    // ask_once: approved once (from inside a script), then remembered.
+    let script = r#"call_tool("deploy", #{a: 1, b: 2})"#;
+    let call = alice.request("script.run", json!({"source": script}));
+    let operator = async {
+        let id = waiting(&gw, 1).await[0]["id"].to_string();
+        assert!(gw.cli(&["approvals", "approve", &id]).status.success());
+    };
+    let (result, ()) = tokio::join!(call, operator);
+    assert_eq!(result.unwrap()["value"], 3);
+    let again = alice
+        .request(
+            "tool.call",
+            json!({"name": "deploy", "arguments": {"a": 2, "b": 2}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again["value"], 4, "remembered: no second question");
+
+    let entries = gw.audit_entries();
+    let decided: Vec<(String, Option<String>)> = entries
+        .iter()
+        .rev()
+        .filter(|e| e.record.kind == portcullis_store::Kind::Request)
+        .filter(|e| matches!(e.record.tool.as_deref(), Some("wipe" | "deploy")))
+        .map(|e| {
+            (
+                serde_json::to_value(e.record.decision)
+                    .unwrap()
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                e.record.approved_by.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            ("approved".to_string(), Some("uid 0".to_string())),
+            ("blocked".to_string(), None),
+            ("blocked".to_string(), None),
+            ("approved".to_string(), Some("uid 0".to_string())),
+            (
+                "approved".to_string(),
+                Some("uid 0 (remembered)".to_string())
+            ),
+        ]
+    );
 }

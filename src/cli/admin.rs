@@ -163,3 +163,48 @@ pub fn pause(socket: &Socket, pause: bool) -> ExitCode {
         }
     })
 }
+
+/// `portcullis approvals list`: the tool calls waiting for an operator.
+pub fn approvals(socket: &Socket) -> ExitCode {
+    call(socket, Method::GET, "/v1/approvals", |b| {
+        let all = b["approvals"].as_array().cloned().unwrap_or_default();
+        if all.is_empty() {
+            return "no tool call is waiting for approval".into();
+        }
+        let rows: Vec<String> = all
+            .iter()
+            .map(|a| {
+                format!(
+                    "{:>6}  {:<16} {:<20} {:<17} {}  {}",
+                    a["id"],
+                    a["principal"].as_str().unwrap_or(""),
+                    a["tool"].as_str().unwrap_or(""),
+                    a["approval_policy"].as_str().unwrap_or(""),
+                    a["requested_at"].as_str().unwrap_or(""),
+                    a["arguments"]
+                )
+            })
+            .collect();
+        format!(
+            "{:>6}  {:<16} {:<20} {:<17} {}  {}\n{}",
+            "ID",
+            "PRINCIPAL",
+            "TOOL",
+            "POLICY",
+            "REQUESTED",
+            "ARGUMENTS",
+            rows.join("\n")
+        )
+    })
+}
+
+/// `portcullis approvals approve|deny ID`.
+pub fn decide_approval(socket: &Socket, id: u64, approve: bool) -> ExitCode {
+    let verb = if approve { "approve" } else { "deny" };
+    call(
+        socket,
+        Method::POST,
+        &format!("/v1/approvals/{id}/{verb}"),
+        move |_| format!("{} call {id}", if approve { "approved" } else { "denied" }),
+    )
+}

@@ -173,7 +173,7 @@ pub struct Grep {
 }
 
 /// Connects, accepts every offered capability, and runs `verb`.
-fn with_client<F>(target: &Target, verb: F) -> ExitCode
+pub(crate) fn with_client<F>(target: &Target, verb: F) -> ExitCode
 where
     F: AsyncFnOnce(&Client) -> Result<ExitCode, String>,
 {

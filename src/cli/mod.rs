@@ -10,6 +10,7 @@ pub mod keys;
 pub mod policy;
 pub mod serve;
 pub mod shell;
+pub mod tools;
 
 use std::process::ExitCode;
 

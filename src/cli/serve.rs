@@ -56,7 +56,12 @@ pub fn serve(config: &Path) -> ExitCode {
         Ok(audit) => audit,
         Err(e) => return fail(e),
     };
+    let remembered = match store.approvals() {
+        Ok(remembered) => remembered,
+        Err(e) => return fail(e),
+    };
     let mut gateway = Gateway::new(config, key, policy, audit);
+    gateway.approvals = portcullis::tools::approvals::Approvals::new(Some(remembered));
     if let Some(files) = &gateway.config.tls {
         match portcullis::tls::acceptor(&files.cert, &files.key) {
             Ok(acceptor) => gateway.tls = Some(acceptor),

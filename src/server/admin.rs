@@ -15,6 +15,8 @@
 //! | GET | /v1/audit/after/SEQ | up to 1,000 entries after SEQ, oldest first |
 //! | GET | /v1/audit/export | the whole log as JSON Lines (see `AuditLog::export`), streamed |
 //! | POST | /v1/audit/prune?before=TIME | removes older entries, leaving a signed marker |
+//! | GET | /v1/approvals | tool calls waiting for an operator |
+//! | POST | /v1/approvals/ID/approve, /v1/approvals/ID/deny | decides one (as the peer's uid) |
 //!
 //! Reading the log scans sled, so those handlers run on the blocking pool:
 //! a long `verify` never holds up a session's worker thread.
@@ -105,6 +107,42 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
                     "sessions": gateway.sessions.count(),
                 }),
             )
+        }
+        (&Method::GET, "/v1/approvals") => reply(
+            StatusCode::OK,
+            json!({ "approvals": gateway.approvals.list() }),
+        ),
+        (&Method::POST, p) if p.starts_with("/v1/approvals/") => {
+            let rest = &p["/v1/approvals/".len()..];
+            let parsed = rest
+                .split_once('/')
+                .and_then(|(id, verb)| Some((id.parse::<u64>().ok()?, verb)));
+            match parsed {
+                Some((id, verb @ ("approve" | "deny"))) => {
+                    let approve = verb == "approve";
+                    if gateway
+                        .approvals
+                        .decide(id, approve, format!("uid {peer_uid}"))
+                    {
+                        info!(
+                            approval = id,
+                            uid = peer_uid,
+                            approve,
+                            "approval decided by the operator"
+                        );
+                        reply(StatusCode::OK, json!({ "id": id, "approved": approve }))
+                    } else {
+                        reply(
+                            StatusCode::NOT_FOUND,
+                            json!({ "error": format!("no call waiting with approval id {id}") }),
+                        )
+                    }
+                }
+                _ => reply(
+                    StatusCode::NOT_FOUND,
+                    json!({ "error": "expected /v1/approvals/ID/approve or /v1/approvals/ID/deny" }),
+                ),
+            }
         }
         (&Method::GET, "/v1/sessions") => reply(
             StatusCode::OK,

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use portcullis_policy::{
-    Capability, Denial, Policy, Summary, Terms, Verdict, decide, principal_by_key,
+    ApprovalPolicy, Capability, Denial, Policy, Summary, Terms, Verdict, decide, principal_by_key,
     principal_by_token, principal_status, summary,
 };
 use portcullis_store::{
@@ -538,7 +538,7 @@ impl Session {
                 self.respond_error(request.id, refusal.code, refusal.message)
                     .await;
             }
-            Ok(terms) => self.execute(request, terms, record, done).await,
+            Ok((terms, approval)) => self.execute(request, terms, approval, record, done).await,
         }
     }
 
@@ -549,7 +549,7 @@ impl Session {
         request: &Request,
         record: &mut AuditRecord,
         draining: bool,
-    ) -> Result<Terms, Refusal> {
+    ) -> Result<(Terms, Option<ApprovalPolicy>), Refusal> {
         let refuse = |code, message: &str| {
             Err(Refusal {
                 code,
@@ -616,20 +616,14 @@ impl Session {
                 if let Terms::File(file) = &decision.terms {
                     record.path = Some(file.path.clone());
                 }
-                Ok(decision.terms)
+                Ok((decision.terms, None))
             }
             Verdict::Deny(denial) => {
                 record.decision = Some(AuditDecision::Blocked);
                 refuse(error_code(denial), &decision.rule)
             }
-            Verdict::RequireApproval(policy) => {
-                record.decision = Some(AuditDecision::Blocked);
-                let message = format!(
-                    "this call needs operator approval ({}), and none was given",
-                    policy.as_str()
-                );
-                refuse(ErrorCode::ApprovalRequired, &message)
-            }
+            // Parked until an operator decides (see `execute`).
+            Verdict::RequireApproval(policy) => Ok((decision.terms, Some(policy))),
         }
     }
 
@@ -671,12 +665,15 @@ impl Session {
         &mut self,
         request: Request,
         terms: Terms,
+        approval: Option<ApprovalPolicy>,
         mut record: AuditRecord,
         done: &mpsc::UnboundedSender<RequestId>,
     ) {
         let id = request.id.clone();
         let audit = self.gateway.audit.clone();
-        if LONG_RUNNING.contains(&request.method.as_str()) {
+        // A call that waits for approval leaves its start entry once
+        // approved (in its task, below).
+        if approval.is_none() && LONG_RUNNING.contains(&request.method.as_str()) {
             let start = AuditRecord {
                 kind: Kind::RequestStart,
                 ..record.clone()
@@ -734,7 +731,39 @@ impl Session {
             self.end_reason.clone(),
         );
         tokio::spawn(async move {
-            let mut response = match gateway.dispatcher.run(call).await {
+            let approved = match approval {
+                None => Ok(()),
+                Some(policy) => {
+                    let approved = approve(&gateway, &call, policy).await;
+                    if let Ok(by) = &approved {
+                        record.decision = Some(AuditDecision::Approved);
+                        record.approved_by = Some(by.clone());
+                    } else {
+                        record.decision = Some(AuditDecision::Blocked);
+                    }
+                    match approved {
+                        Ok(_) if LONG_RUNNING.contains(&call.request.method.as_str()) => {
+                            let start = AuditRecord {
+                                kind: Kind::RequestStart,
+                                ..record.clone()
+                            };
+                            audit.append(start).await.map(drop).map_err(|e| {
+                                error!("audit: {e}");
+                                ErrorBody::new(
+                                    ErrorCode::ProviderError,
+                                    "the audit log is unavailable, so nothing was run",
+                                )
+                            })
+                        }
+                        other => other.map(drop),
+                    }
+                }
+            };
+            let outcome = match approved {
+                Ok(()) => gateway.dispatcher.run(call).await,
+                Err(error) => Err(error),
+            };
+            let mut response = match outcome {
                 Ok(result) => Response::ok(id.clone(), result),
                 Err(error) if error.code == ErrorCode::Cancelled => {
                     let reason = revoked.get().or(end_reason.get()).cloned();
@@ -931,4 +960,36 @@ fn encode_frame(frame: Frame) -> Vec<u8> {
     buf.clear();
     let _ = record::encode_frame(&Frame::Response(Response::err(id, error)), &mut buf);
     buf
+}
+
+/// Waits for an operator to approve a parked call (see
+/// `tools::approvals`); the arguments are shown as sent (the operator
+/// needs them to decide; secrets are the tools', not the caller's).
+async fn approve(
+    gateway: &Gateway,
+    call: &Call,
+    policy: ApprovalPolicy,
+) -> Result<String, ErrorBody> {
+    let params = &call.request.params;
+    let tool = params.get("name").and_then(Value::as_str).unwrap_or("");
+    let no_arguments = Value::Object(Map::new());
+    let arguments = params.get("arguments").unwrap_or(&no_arguments);
+    let run_id = call
+        .request
+        .context
+        .as_ref()
+        .and_then(|c| c.run_id.as_deref());
+    let request_id = call.request.id.to_string();
+    let ask = crate::tools::approvals::Ask {
+        principal: &call.principal,
+        tool,
+        arguments,
+        request_id: &request_id,
+        run_id,
+        policy,
+    };
+    gateway
+        .approvals
+        .obtain(ask, gateway.config.approval_timeout, &call.cancel)
+        .await
 }

@@ -34,6 +34,8 @@ pub struct Gateway {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// Every request and security event, durable before it is answered.
     pub audit: AuditLog,
+    /// Tool calls waiting for an operator.
+    pub approvals: crate::tools::approvals::Approvals,
 }
 
 impl Gateway {
@@ -52,6 +54,7 @@ impl Gateway {
             dispatcher: Dispatcher::new(),
             tls: None,
             audit,
+            approvals: Default::default(),
         }
     }
 

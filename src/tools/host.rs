@@ -17,6 +17,7 @@ use serde_json::{Map, Value, json};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
+use super::approvals::Ask;
 use super::engine::{self, Watch};
 use super::registry::{CompiledTool, Registry, Secrets};
 use super::{invalid, provider_error};
@@ -246,13 +247,23 @@ impl Host {
             }
             Verdict::RequireApproval(policy) => {
                 record.decision = Some(AuditDecision::Blocked);
-                return Err(ErrorBody::new(
-                    ErrorCode::ApprovalRequired,
-                    format!(
-                        "this call needs operator approval ({}), and none was given",
-                        policy.as_str()
-                    ),
-                ));
+                let no_arguments = json!({});
+                let ask = Ask {
+                    principal: &self.principal,
+                    tool: record.tool.as_deref().unwrap_or(""),
+                    arguments: request.params.get("arguments").unwrap_or(&no_arguments),
+                    request_id: &request.id.to_string(),
+                    run_id: request.context.as_ref().and_then(|c| c.run_id.as_deref()),
+                    policy,
+                };
+                let timeout = self.gateway.config.approval_timeout;
+                let by = self.handle.block_on(self.gateway.approvals.obtain(
+                    ask,
+                    timeout,
+                    &self.watch.cancel,
+                ))?;
+                record.decision = Some(AuditDecision::Approved);
+                record.approved_by = Some(by);
             }
         }
         if entry::LONG_RUNNING.contains(&request.method.as_str()) {

@@ -14,6 +14,7 @@
 //! never holds up a session, and at most [`pool_size`] run at once (the
 //! rest wait their turn).
 
+pub mod approvals;
 pub mod engine;
 mod host;
 pub mod registry;

@@ -74,6 +74,15 @@ impl Store {
         AuditLog::open(&self.db, &self.path, Durability::Fdatasync, signer)
     }
 
+    /// Remembered tool approvals (`ask_once`, `ask_once_per_run`).
+    pub fn approvals(&self) -> Result<RememberedApprovals, StoreError> {
+        let tree = self
+            .db
+            .open_tree("approvals_remembered")
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        Ok(RememberedApprovals { tree })
+    }
+
     /// The audit log with a chosen durability; only benchmarks choose less.
     pub fn audit_with(
         &self,
@@ -81,5 +90,37 @@ impl Store {
         signer: Option<AuditSigner>,
     ) -> Result<AuditLog, StoreError> {
         AuditLog::open(&self.db, &self.path, durability, signer)
+    }
+}
+
+/// Approvals an operator gave that hold for later calls: key (principal,
+/// tool and, for `ask_once_per_run`, the run id) → who approved.
+#[derive(Clone)]
+pub struct RememberedApprovals {
+    tree: sled::Tree,
+}
+
+impl RememberedApprovals {
+    fn key(parts: &[&str]) -> Vec<u8> {
+        parts.join("\0").into_bytes()
+    }
+
+    /// Who approved, if an approval is remembered for `parts`.
+    pub fn get(&self, parts: &[&str]) -> Result<Option<String>, StoreError> {
+        let value = self
+            .tree
+            .get(Self::key(parts))
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Remembers an approval durably.
+    pub fn remember(&self, parts: &[&str], approved_by: &str) -> Result<(), StoreError> {
+        let io = |e: sled::Error| StoreError::Io(e.to_string());
+        self.tree
+            .insert(Self::key(parts), approved_by.as_bytes())
+            .map_err(io)?;
+        self.tree.flush().map_err(io)?;
+        Ok(())
     }
 }

@@ -1,0 +1,167 @@
+//! Tool calls that wait for an operator. A call whose approval policy is
+//! `ask_once`, `ask_once_per_run` or `always_ask` is parked here (its
+//! request simply has not answered yet) until an operator approves or
+//! denies it through the admin socket (`portcullis approvals …`), the
+//! wait times out, or the request is cancelled. `ask_once` approvals are
+//! remembered per principal and tool, `ask_once_per_run` per principal,
+//! tool and the request context's `run_id`, in the store.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use portcullis_policy::ApprovalPolicy;
+use portcullis_store::RememberedApprovals;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::frame::{ErrorBody, ErrorCode};
+
+/// Parked calls at most (more are refused at once).
+const MAX_PENDING: usize = 1024;
+
+#[derive(Default)]
+pub struct Approvals {
+    pending: Mutex<BTreeMap<u64, Pending>>,
+    next: AtomicU64,
+    remembered: Option<RememberedApprovals>,
+}
+
+struct Pending {
+    shown: Value,
+    answer: oneshot::Sender<Answer>,
+}
+
+enum Answer {
+    Approved(String),
+    Denied(String),
+}
+
+/// What an approval is asked for: shown to the operator as is, so the
+/// arguments must already be redacted.
+pub struct Ask<'a> {
+    pub principal: &'a str,
+    pub tool: &'a str,
+    pub arguments: &'a Value,
+    pub request_id: &'a str,
+    pub run_id: Option<&'a str>,
+    pub policy: ApprovalPolicy,
+}
+
+impl Approvals {
+    pub fn new(remembered: Option<RememberedApprovals>) -> Self {
+        Self {
+            remembered,
+            ..Self::default()
+        }
+    }
+
+    /// Waits for an approval of `ask` (or finds one remembered). Returns
+    /// who approved; a denial or timeout is `approval_required`.
+    pub async fn obtain(
+        &self,
+        ask: Ask<'_>,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<String, ErrorBody> {
+        let key: Option<Vec<&str>> = match ask.policy {
+            ApprovalPolicy::AskOnce => Some(vec![ask.principal, ask.tool]),
+            ApprovalPolicy::AskOncePerRun => {
+                ask.run_id.map(|run| vec![ask.principal, ask.tool, run])
+            }
+            _ => None,
+        };
+        if let (Some(key), Some(remembered)) = (&key, &self.remembered)
+            && let Ok(Some(by)) = remembered.get(key)
+        {
+            return Ok(format!("{by} (remembered)"));
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut pending = self.lock();
+            if pending.len() >= MAX_PENDING {
+                return Err(ErrorBody::new(
+                    ErrorCode::ApprovalRequired,
+                    "too many calls are waiting for approval; try again later",
+                ));
+            }
+            let shown = json!({
+                "id": id,
+                "principal": ask.principal,
+                "tool": ask.tool,
+                "arguments": ask.arguments,
+                "request_id": ask.request_id,
+                "run_id": ask.run_id,
+                "approval_policy": ask.policy.as_str(),
+                "requested_at": jiff::Timestamp::now().to_string(),
+                "expires_in_ms": timeout.as_millis() as u64,
+            });
+            pending.insert(id, Pending { shown, answer: tx });
+        }
+        tracing::info!(
+            approval = id,
+            principal = ask.principal,
+            tool = ask.tool,
+            "waiting for an operator's approval (portcullis approvals)"
+        );
+        let answer = tokio::select! {
+            answer = rx => answer.ok(),
+            () = tokio::time::sleep(timeout) => None,
+            () = cancel.cancelled() => {
+                self.lock().remove(&id);
+                return Err(ErrorBody::new(ErrorCode::Cancelled, "cancelled while waiting for approval"));
+            }
+        };
+        self.lock().remove(&id);
+        match answer {
+            Some(Answer::Approved(by)) => {
+                if let (Some(key), Some(remembered)) = (&key, &self.remembered)
+                    && let Err(e) = remembered.remember(key, &by)
+                {
+                    tracing::warn!("cannot remember the approval: {e}");
+                }
+                Ok(by)
+            }
+            Some(Answer::Denied(by)) => Err(ErrorBody::new(
+                ErrorCode::ApprovalRequired,
+                format!(
+                    "the operator ({by}) denied this call of tool `{}`",
+                    ask.tool
+                ),
+            )),
+            None => Err(ErrorBody::new(
+                ErrorCode::ApprovalRequired,
+                format!(
+                    "no operator approved this call of tool `{}` within {} s",
+                    ask.tool,
+                    timeout.as_secs()
+                ),
+            )),
+        }
+    }
+
+    /// The calls waiting, oldest first.
+    pub fn list(&self) -> Vec<Value> {
+        self.lock().values().map(|p| p.shown.clone()).collect()
+    }
+
+    /// Approves or denies a waiting call; false if there is none with `id`.
+    pub fn decide(&self, id: u64, approve: bool, by: String) -> bool {
+        let Some(pending) = self.lock().remove(&id) else {
+            return false;
+        };
+        let answer = if approve {
+            Answer::Approved(by)
+        } else {
+            Answer::Denied(by)
+        };
+        pending.answer.send(answer).is_ok()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Pending>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
