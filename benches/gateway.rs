@@ -37,10 +37,11 @@ fn main() {
     let gateway_key = keyfile::generate(&dir.join("gateway.key"), false).unwrap();
     let client_key = StaticKeypair::generate().unwrap();
     let policy = format!(
-        "[[principal]]\nid = \"bench\"\npublic_key = \"{}\"\n\n[[grant]]\nid = \"g\"\nprincipals = [\"bench\"]\nresources = {{}}\nshell = {{ commands = [\"/bin/true\"], max_processes = 64 }}\n\n[[grant]]\nid = \"net\"\nprincipals = [\"bench\"]\nshell = {{ commands = [\"/usr/bin/true\"], max_processes = 64, network = \"allow\" }}\n",
+        "[[principal]]\nid = \"bench\"\npublic_key = \"{}\"\n\n[[grant]]\nid = \"g\"\nprincipals = [\"bench\"]\nresources = {{}}\nshell = {{ commands = [\"/bin/true\"], max_processes = 64 }}\n\n[[grant]]\nid = \"net\"\nprincipals = [\"bench\"]\nshell = {{ commands = [\"/usr/bin/true\"], max_processes = 64, network = \"allow\" }}\n\n[[grant]]\nid = \"tools\"\nprincipals = [\"bench\"]\ntools = {{ allow = [\"add\"] }}\nscripts = {{ max_tool_calls = 100000, max_wall_time = \"60s\" }}\n\n[[tool]]\nname = \"add\"\ndescription = \"adds\"\ninput_schema = {{ type = \"object\", required = [\"a\", \"b\"], properties = {{ a = {{ type = \"integer\" }}, b = {{ type = \"integer\" }} }} }}\nrisk = \"low\"\napproval_policy = \"allow\"\nscript = \"add.rhai\"\n",
         client_key.public().to_base64()
     );
     std::fs::write(dir.join("policy.toml"), policy).unwrap();
+    std::fs::write(dir.join("add.rhai"), "args.a + args.b").unwrap();
     std::fs::write(
         dir.join("portcullis.toml"),
         "listen = [\"127.0.0.1:0\"]\nkey_file = \"gateway.key\"\npolicy = \"policy.toml\"\nstate_dir = \"state\"\n\
@@ -111,6 +112,34 @@ fn main() {
         // namespace to make.
         let mut execs = time_execs(&client, &json!({"command": ["/usr/bin/true"]})).await;
         report("shell.exec /usr/bin/true, network allowed (no namespace)", &mut execs);
+        // Tools: one tool.call request per call, against calls made from
+        // inside one script; and what starting a script costs.
+        let add = json!({"name": "add", "arguments": {"a": 1, "b": 2}});
+        let mut calls = Vec::with_capacity(EXECS);
+        for _ in 0..EXECS {
+            let started = Instant::now();
+            client.request("tool.call", add.clone()).await.unwrap();
+            calls.push(started.elapsed());
+        }
+        let per_request: Duration = calls.iter().sum::<Duration>() / calls.len() as u32;
+        report("tool.call round trip on an open session", &mut calls);
+        let mut starts = Vec::with_capacity(EXECS);
+        for _ in 0..EXECS {
+            let started = Instant::now();
+            client.request("script.run", json!({"source": "1"})).await.unwrap();
+            starts.push(started.elapsed());
+        }
+        report("script.run of `1` (the cost of starting a script)", &mut starts);
+        let in_script = json!({"source": "for i in 0..5000 { call_tool(\"add\", #{a: i, b: 1}); }"});
+        let started = Instant::now();
+        client.request("script.run", in_script).await.unwrap();
+        let took = started.elapsed();
+        println!(
+            "tool calls: {:.0}/s inside one script (5,000 calls in {:.1} ms) vs {:.0}/s as one tool.call request each",
+            5000.0 / took.as_secs_f64(),
+            took.as_secs_f64() * 1e3,
+            1.0 / per_request.as_secs_f64()
+        );
         drop(client);
         let mut connect_exec = Vec::with_capacity(EXECS / 5);
         for _ in 0..EXECS / 5 {

@@ -226,8 +226,8 @@ async fn request_rules_before_and_after_relay_accepted() {
     );
     assert_eq!(
         remote_code(alice.request("tool.list", json!({})).await),
-        ErrorCode::UnknownMethod,
-        "a method of the protocol this gateway does not serve yet"
+        ErrorCode::PermissionDenied,
+        "served, but alice holds no tools grant"
     );
 
     // An id may be reused once its request has finished.

@@ -121,6 +121,27 @@ pub fn sandboxed(limits: &ScriptLimits, watch: &Watch) -> Engine {
     engine
 }
 
+/// Runs `source` in a sandboxed engine with nothing registered beyond the
+/// standard packages (the unit tests' and the `script` fuzz target's way
+/// in). Returns the value and the operations it took.
+pub fn run_pure(source: &str, limits: &ScriptLimits) -> Result<(Value, u64), ErrorBody> {
+    let watch = Watch::new(
+        Instant::now() + limits.max_wall_time,
+        CancellationToken::new(),
+    );
+    let engine = sandboxed(limits, &watch);
+    let ast = engine
+        .compile(source)
+        .map_err(|e| error_body(&e.into(), limits))?;
+    let value = engine
+        .eval_ast::<Dynamic>(&ast)
+        .map_err(|e| error_body(&e, limits))?;
+    Ok((
+        result_json(&value, limits)?,
+        watch.operations.load(Ordering::Relaxed),
+    ))
+}
+
 /// The daemon's resident set size, from /proc/self/statm (kept open).
 pub fn resident_bytes() -> Option<u64> {
     use std::os::unix::fs::FileExt as _;
@@ -158,6 +179,41 @@ pub fn to_json(value: &Dynamic) -> Result<Value, ErrorBody> {
             format!("the script's value is not JSON data: {e}"),
         )
     })
+}
+
+/// A script's value as JSON, checked against the size limits once more:
+/// Rhai does not check a map or array grown in place (`m[k] = v`) until it
+/// is passed on, and a returned value is not passed on.
+pub fn result_json(value: &Dynamic, limits: &ScriptLimits) -> Result<Value, ErrorBody> {
+    fn check(value: &Value, limits: &ScriptLimits) -> Result<(), (&'static str, u64)> {
+        match value {
+            Value::String(s) if s.len() as u64 > limits.max_string_size => {
+                Err(("max_string_size", limits.max_string_size))
+            }
+            Value::Array(items) => {
+                if items.len() as u64 > limits.max_array_len {
+                    return Err(("max_array_len", limits.max_array_len));
+                }
+                items.iter().try_for_each(|v| check(v, limits))
+            }
+            Value::Object(map) => {
+                if map.len() as u64 > limits.max_map_len {
+                    return Err(("max_map_len", limits.max_map_len));
+                }
+                map.values().try_for_each(|v| check(v, limits))
+            }
+            _ => Ok(()),
+        }
+    }
+    let json = to_json(value)?;
+    check(&json, limits).map_err(|(name, value)| {
+        ErrorBody::new(
+            ErrorCode::ProviderError,
+            format!("the script hit its limit {name} ({value}): its value is too large"),
+        )
+        .with_details(json!({"limit": name, "value": value}))
+    })?;
+    Ok(json)
 }
 
 /// A thrown error a script can catch, carrying a relay error (what
@@ -286,18 +342,7 @@ mod tests {
     use std::time::Duration;
 
     fn run(source: &str, limits: ScriptLimits) -> Result<Value, ErrorBody> {
-        let watch = Watch::new(
-            Instant::now() + limits.max_wall_time,
-            CancellationToken::new(),
-        );
-        let engine = sandboxed(&limits, &watch);
-        let ast = engine
-            .compile(source)
-            .map_err(|e| error_body(&e.into(), &limits))?;
-        let value = engine
-            .eval_ast::<Dynamic>(&ast)
-            .map_err(|e| error_body(&e, &limits))?;
-        to_json(&value)
+        run_pure(source, &limits).map(|(value, _)| value)
     }
 
     fn limit_of(result: Result<Value, ErrorBody>) -> String {
@@ -366,6 +411,16 @@ mod tests {
         let started = Instant::now();
         assert_eq!(limit_of(run("loop {}", slow)), "max_wall_time");
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_value_grown_in_place_is_checked_when_returned() {
+        let limits = ScriptLimits {
+            max_map_len: 10,
+            ..ScriptLimits::DEFAULT
+        };
+        let source = "let m = #{}; for i in 0..20 { m[`k${i}`] = i; } m";
+        assert_eq!(limit_of(run(source, limits)), "max_map_len");
     }
 
     #[test]

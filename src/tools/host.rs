@@ -119,7 +119,9 @@ impl Host {
         let value = engine
             .eval_ast_with_scope::<Dynamic>(&mut scope, ast)
             .map_err(|e| secrets.redact_error(engine::error_body(&e, &TOOL_LIMITS)))?;
-        Ok(secrets.redact(engine::to_json(&value).map_err(|e| secrets.redact_error(e))?))
+        let json =
+            engine::result_json(&value, &TOOL_LIMITS).map_err(|e| secrets.redact_error(e))?;
+        Ok(secrets.redact(json))
     }
 
     /// `script.run`: the agent's source with `args` in scope.
@@ -138,7 +140,7 @@ impl Host {
             .eval_ast_with_scope::<Dynamic>(&mut scope, &ast)
             .map_err(|e| engine::error_body(&e, &host.limits))?;
         Ok(json!({
-            "value": engine::to_json(&value)?,
+            "value": engine::result_json(&value, &host.limits)?,
             "stats": {
                 "operations": host.watch.operations.load(Ordering::Relaxed),
                 "duration_ms": started.elapsed().as_secs_f64() * 1e3,
