@@ -48,8 +48,9 @@ pub struct Host {
     /// Tool calls made (against `max_tool_calls`), and nested requests.
     tool_calls: AtomicU64,
     nested: AtomicU64,
-    /// Bytes printed (against `max_output`).
-    printed: AtomicU64,
+    /// Bytes printed (against `max_output`), by the script and the tools
+    /// it calls together.
+    printed: Arc<AtomicU64>,
 }
 
 impl Host {
@@ -68,7 +69,7 @@ impl Host {
             handle: Handle::current(),
             tool_calls: AtomicU64::new(0),
             nested: AtomicU64::new(0),
-            printed: AtomicU64::new(0),
+            printed: Arc::default(),
         }
     }
 
@@ -161,7 +162,7 @@ impl Host {
         let sink = Output {
             stream: self.stream.clone(),
             limit: self.limits.max_output,
-            printed: Arc::new(AtomicU64::new(0)),
+            printed: self.printed.clone(),
             stopped: watch.stopped.clone(),
             secrets,
         };
