@@ -465,11 +465,14 @@ fn launcher_path() -> Result<&'static Path, ErrorBody> {
     })
 }
 
+/// A mechanism, and whether the host has it (or why not).
+pub type MechanismSupport = (Mechanism, Result<(), String>);
+
 /// What this host can confine commands with, asked of the launcher once
 /// (`portcullis-sandbox --probe`); a mechanism the launcher does not
 /// report counts as missing.
-pub fn host_sandbox() -> Result<&'static [(Mechanism, Result<(), String>)], ErrorBody> {
-    static SUPPORT: OnceLock<Vec<(Mechanism, Result<(), String>)>> = OnceLock::new();
+pub fn host_sandbox() -> Result<&'static [MechanismSupport], ErrorBody> {
+    static SUPPORT: OnceLock<Vec<MechanismSupport>> = OnceLock::new();
     let launcher = launcher_path()?;
     Ok(SUPPORT.get_or_init(|| {
         let report = std::process::Command::new(launcher)
