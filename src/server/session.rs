@@ -44,6 +44,7 @@ use crate::server::entry::{self, LONG_RUNNING, code_name, describe_target, error
 use crate::server::query::{query_for, still_allowed};
 use crate::server::resources::SessionResources;
 use crate::server::state::{Gateway, SessionInfo};
+use crate::tools::approvals::{Ask, record_outcome};
 
 /// Records queued for the writer before producers wait.
 const OUTBOX_CAPACITY: usize = 64;
@@ -733,31 +734,7 @@ impl Session {
         tokio::spawn(async move {
             let approved = match approval {
                 None => Ok(()),
-                Some(policy) => {
-                    let approved = approve(&gateway, &call, policy).await;
-                    if let Ok(by) = &approved {
-                        record.decision = Some(AuditDecision::Approved);
-                        record.approved_by = Some(by.clone());
-                    } else {
-                        record.decision = Some(AuditDecision::Blocked);
-                    }
-                    match approved {
-                        Ok(_) if LONG_RUNNING.contains(&call.request.method.as_str()) => {
-                            let start = AuditRecord {
-                                kind: Kind::RequestStart,
-                                ..record.clone()
-                            };
-                            audit.append(start).await.map(drop).map_err(|e| {
-                                error!("audit: {e}");
-                                ErrorBody::new(
-                                    ErrorCode::ProviderError,
-                                    "the audit log is unavailable, so nothing was run",
-                                )
-                            })
-                        }
-                        other => other.map(drop),
-                    }
-                }
+                Some(policy) => approve(&gateway, &call, policy, &mut record).await,
             };
             let outcome = match approved {
                 Ok(()) => gateway.dispatcher.run(call).await,
@@ -963,33 +940,31 @@ fn encode_frame(frame: Frame) -> Vec<u8> {
 }
 
 /// Waits for an operator to approve a parked call (see
-/// `tools::approvals`); the arguments are shown as sent (the operator
-/// needs them to decide; secrets are the tools', not the caller's).
+/// `tools::approvals`) and records the outcome in its entry; once
+/// approved, a long-running call leaves its start entry.
 async fn approve(
     gateway: &Gateway,
     call: &Call,
     policy: ApprovalPolicy,
-) -> Result<String, ErrorBody> {
-    let params = &call.request.params;
-    let tool = params.get("name").and_then(Value::as_str).unwrap_or("");
-    let no_arguments = Value::Object(Map::new());
-    let arguments = params.get("arguments").unwrap_or(&no_arguments);
-    let run_id = call
-        .request
-        .context
-        .as_ref()
-        .and_then(|c| c.run_id.as_deref());
-    let request_id = call.request.id.to_string();
-    let ask = crate::tools::approvals::Ask {
-        principal: &call.principal,
-        tool,
-        arguments,
-        request_id: &request_id,
-        run_id,
-        policy,
+    record: &mut AuditRecord,
+) -> Result<(), ErrorBody> {
+    let ask = Ask::for_request(&call.principal, &call.request, policy);
+    let timeout = gateway.config.approval_timeout;
+    let outcome = gateway.approvals.obtain(ask, timeout, &call.cancel).await;
+    record_outcome(record, &outcome);
+    outcome?;
+    if !LONG_RUNNING.contains(&call.request.method.as_str()) {
+        return Ok(());
+    }
+    let start = AuditRecord {
+        kind: Kind::RequestStart,
+        ..record.clone()
     };
-    gateway
-        .approvals
-        .obtain(ask, gateway.config.approval_timeout, &call.cancel)
-        .await
+    gateway.audit.append(start).await.map(drop).map_err(|e| {
+        error!("audit: {e}");
+        ErrorBody::new(
+            ErrorCode::ProviderError,
+            "the audit log is unavailable, so nothing was run",
+        )
+    })
 }

@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use portcullis_policy::ApprovalPolicy;
-use portcullis_store::RememberedApprovals;
+use portcullis_store::{Decision as AuditDecision, Record as AuditRecord, RememberedApprovals};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::frame::{ErrorBody, ErrorCode};
+use crate::frame::{ErrorBody, ErrorCode, Request};
 
 /// Parked calls at most (more are refused at once).
 const MAX_PENDING: usize = 1024;
@@ -39,15 +39,49 @@ enum Answer {
     Denied(String),
 }
 
-/// What an approval is asked for: shown to the operator as is, so the
-/// arguments must already be redacted.
-pub struct Ask<'a> {
-    pub principal: &'a str,
-    pub tool: &'a str,
-    pub arguments: &'a Value,
-    pub request_id: &'a str,
-    pub run_id: Option<&'a str>,
-    pub policy: ApprovalPolicy,
+/// What an approval is asked for, shown to the operator as is (the
+/// arguments as the caller sent them: secrets are the tools', never the
+/// caller's).
+pub struct Ask {
+    principal: String,
+    tool: String,
+    arguments: Value,
+    request_id: String,
+    run_id: Option<String>,
+    policy: ApprovalPolicy,
+}
+
+impl Ask {
+    /// The approval a `tool.call` request of `principal` needs.
+    pub fn for_request(principal: &str, request: &Request, policy: ApprovalPolicy) -> Self {
+        let params = &request.params;
+        Self {
+            principal: principal.to_string(),
+            tool: params
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            arguments: params
+                .get("arguments")
+                .cloned()
+                .unwrap_or_else(|| json!({})),
+            request_id: request.id.to_string(),
+            run_id: request.context.as_ref().and_then(|c| c.run_id.clone()),
+            policy,
+        }
+    }
+}
+
+/// Writes the outcome of [`Approvals::obtain`] into the call's audit entry.
+pub fn record_outcome(record: &mut AuditRecord, outcome: &Result<String, ErrorBody>) {
+    match outcome {
+        Ok(by) => {
+            record.decision = Some(AuditDecision::Approved);
+            record.approved_by = Some(by.clone());
+        }
+        Err(_) => record.decision = Some(AuditDecision::Blocked),
+    }
 }
 
 impl Approvals {
@@ -62,14 +96,15 @@ impl Approvals {
     /// who approved; a denial or timeout is `approval_required`.
     pub async fn obtain(
         &self,
-        ask: Ask<'_>,
+        ask: Ask,
         timeout: Duration,
         cancel: &CancellationToken,
     ) -> Result<String, ErrorBody> {
+        let (principal, tool) = (ask.principal.as_str(), ask.tool.as_str());
         let key: Option<Vec<&str>> = match ask.policy {
-            ApprovalPolicy::AskOnce => Some(vec![ask.principal, ask.tool]),
+            ApprovalPolicy::AskOnce => Some(vec![principal, tool]),
             ApprovalPolicy::AskOncePerRun => {
-                ask.run_id.map(|run| vec![ask.principal, ask.tool, run])
+                ask.run_id.as_deref().map(|run| vec![principal, tool, run])
             }
             _ => None,
         };
@@ -103,8 +138,8 @@ impl Approvals {
         }
         tracing::info!(
             approval = id,
-            principal = ask.principal,
-            tool = ask.tool,
+            principal,
+            tool,
             "waiting for an operator's approval (portcullis approvals)"
         );
         let answer = tokio::select! {
@@ -127,16 +162,13 @@ impl Approvals {
             }
             Some(Answer::Denied(by)) => Err(ErrorBody::new(
                 ErrorCode::ApprovalRequired,
-                format!(
-                    "the operator ({by}) denied this call of tool `{}`",
-                    ask.tool
-                ),
+                format!("the operator ({by}) denied this call of tool `{}`", tool),
             )),
             None => Err(ErrorBody::new(
                 ErrorCode::ApprovalRequired,
                 format!(
                     "no operator approved this call of tool `{}` within {} s",
-                    ask.tool,
+                    tool,
                     timeout.as_secs()
                 ),
             )),

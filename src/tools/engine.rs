@@ -220,19 +220,15 @@ pub fn result_json(value: &Dynamic, limits: &ScriptLimits) -> Result<Value, Erro
 /// `call_tool` throws when the call is refused or fails).
 pub fn throw(error: &ErrorBody) -> Box<EvalAltResult> {
     let mut map = rhai::Map::new();
-    map.insert("code".into(), Dynamic::from(code_name(error.code)));
+    map.insert(
+        "code".into(),
+        Dynamic::from(crate::server::entry::code_name(error.code)),
+    );
     map.insert("message".into(), Dynamic::from(error.message.clone()));
     if let Some(details) = error.details.as_ref().and_then(|d| to_dynamic(d).ok()) {
         map.insert("details".into(), details);
     }
     EvalAltResult::ErrorRuntime(Dynamic::from_map(map), Position::NONE).into()
-}
-
-fn code_name(code: ErrorCode) -> String {
-    serde_json::to_value(code)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| "provider_error".into())
 }
 
 /// What a failed script answers: a limit names itself, a relay error

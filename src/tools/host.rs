@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
-use super::approvals::Ask;
+use super::approvals::{Ask, record_outcome};
 use super::engine::{self, Watch};
 use super::registry::{CompiledTool, Registry, Secrets};
 use super::{invalid, provider_error};
@@ -76,10 +76,7 @@ impl Host {
     /// `tool.call`, already decided and audited by the session.
     pub fn run_tool(&self, name: &str, args: Value) -> Result<Value, ErrorBody> {
         let registry = Registry::of(&self.gateway.current_policy());
-        let tool = registry.get(name).ok_or_else(|| {
-            ErrorBody::new(ErrorCode::NotFound, format!("tool `{name}` is not defined"))
-        })?;
-        self.execute_tool(tool, args)
+        self.execute_tool(registry.tool(name)?, args)
     }
 
     /// Validates the arguments, loads the tool's secrets, runs its script
@@ -249,24 +246,14 @@ impl Host {
                 return Err(ErrorBody::new(entry::error_code(denial), decision.rule));
             }
             Verdict::RequireApproval(policy) => {
-                record.decision = Some(AuditDecision::Blocked);
-                let no_arguments = json!({});
-                let ask = Ask {
-                    principal: &self.principal,
-                    tool: record.tool.as_deref().unwrap_or(""),
-                    arguments: request.params.get("arguments").unwrap_or(&no_arguments),
-                    request_id: &request.id.to_string(),
-                    run_id: request.context.as_ref().and_then(|c| c.run_id.as_deref()),
-                    policy,
-                };
+                let ask = Ask::for_request(&self.principal, request, policy);
                 let timeout = self.gateway.config.approval_timeout;
-                let by = self.handle.block_on(self.gateway.approvals.obtain(
-                    ask,
-                    timeout,
-                    &self.watch.cancel,
-                ))?;
-                record.decision = Some(AuditDecision::Approved);
-                record.approved_by = Some(by);
+                let approvals = &self.gateway.approvals;
+                let outcome =
+                    self.handle
+                        .block_on(approvals.obtain(ask, timeout, &self.watch.cancel));
+                record_outcome(record, &outcome);
+                outcome?;
             }
         }
         if entry::LONG_RUNNING.contains(&request.method.as_str()) {
@@ -280,18 +267,13 @@ impl Host {
                 ))
             })?;
         }
-        if request.method == "tool.call" {
-            let name = query_name(request);
+        if let portcullis_policy::Target::Tool { name } = &query.target {
             let args = request
                 .params
                 .get("arguments")
                 .cloned()
                 .unwrap_or(json!({}));
-            let registry = Registry::of(&policy);
-            let tool = registry.get(&name).ok_or_else(|| {
-                ErrorBody::new(ErrorCode::NotFound, format!("tool `{name}` is not defined"))
-            })?;
-            return self.execute_tool(tool, args);
+            return self.execute_tool(Registry::of(&policy).tool(name)?, args);
         }
         self.dispatch(request.clone(), decision.terms)
     }
@@ -325,13 +307,6 @@ impl Host {
             tokio::spawn(async move { while drain.recv().await.is_some() {} });
             gateway.dispatcher.run(call).await
         })
-    }
-}
-
-fn query_name(request: &Request) -> String {
-    match request.params.get("name") {
-        Some(Value::String(name)) => name.clone(),
-        _ => String::new(),
     }
 }
 

@@ -78,8 +78,11 @@ impl Registry {
         Self { policy, tools }
     }
 
-    pub fn get(&self, name: &str) -> Option<&CompiledTool> {
-        self.tools.iter().find(|t| t.tool.name == name)
+    pub fn tool(&self, name: &str) -> Result<&CompiledTool, ErrorBody> {
+        let found = self.tools.iter().find(|t| t.tool.name == name);
+        found.ok_or_else(|| {
+            ErrorBody::new(ErrorCode::NotFound, format!("tool `{name}` is not defined"))
+        })
     }
 }
 
