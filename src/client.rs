@@ -28,7 +28,7 @@ use zeroize::Zeroizing;
 
 use crate::channel::{self, ChannelError, RELAY_PATH, ws_config};
 use crate::frame::{
-    Cancel, ErrorBody, Event, Frame, Heartbeat, Hello, Request, RequestId, Response,
+    Cancel, ErrorBody, Event, Frame, Heartbeat, Hello, Request, RequestContext, RequestId, Response,
 };
 use crate::record::{self, Channel, Record};
 
@@ -299,12 +299,36 @@ impl Client {
         self.start_with_id(id, method, params).await
     }
 
+    /// Starts a request with a fresh id and a `context` (the agent's
+    /// session, run and tool-call ids; `ask_once_per_run` approvals are
+    /// remembered per `run_id`).
+    pub async fn start_with_context(
+        &self,
+        context: RequestContext,
+        method: &str,
+        params: Value,
+    ) -> Result<RequestHandle<'_>, ClientError> {
+        let id = RequestId::new(format!("c{}", self.next_id.fetch_add(1, Ordering::Relaxed)))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.send_request(id, method, params, Some(context)).await
+    }
+
     /// Starts a request with a chosen id.
     pub async fn start_with_id(
         &self,
         id: RequestId,
         method: &str,
         params: Value,
+    ) -> Result<RequestHandle<'_>, ClientError> {
+        self.send_request(id, method, params, None).await
+    }
+
+    async fn send_request(
+        &self,
+        id: RequestId,
+        method: &str,
+        params: Value,
+        context: Option<RequestContext>,
     ) -> Result<RequestHandle<'_>, ClientError> {
         let params = match params {
             Value::Object(map) => map,
@@ -326,7 +350,7 @@ impl Client {
             id: id.clone(),
             method: method.to_string(),
             params,
-            context: None,
+            context,
         };
         self.send(Frame::Request(request)).await?;
         Ok(RequestHandle {

@@ -2,7 +2,9 @@
 //! `tool.call` with schema checks, secrets redacted from results, streams,
 //! errors and the audit log; `script.run` calling a thousand tools in one
 //! request, its limits (each hit named, other sessions unaffected), its
-//! access to files and commands only as granted, and cancellation.
+//! access to files and commands only as granted, cancellation (of a
+//! script and, with `tool.cancel`, of a tool), approvals, and the events
+//! a reload sends when it changes the tools a principal may call.
 
 mod common;
 
@@ -79,6 +81,22 @@ approval_policy = "always_ask"
 script = "tools/wipe.rhai"
 
 [[tool]]
+name = "per_run"
+description = "Asks once per run."
+input_schema = {{ type = "object" }}
+risk = "high"
+approval_policy = "ask_once_per_run"
+script = "tools/add.rhai"
+
+[[tool]]
+name = "spin"
+description = "Busy until cancelled or its 10 s wall time ends."
+input_schema = {{ type = "object" }}
+risk = "low"
+approval_policy = "allow"
+script = "tools/spin.rhai"
+
+[[tool]]
 name = "danger"
 description = "Never runs."
 input_schema = {{ type = "object" }}
@@ -95,6 +113,8 @@ struct Setup {
     gw: Gateway,
     alice: Client,
     bob: Client,
+    /// The policy the gateway started with.
+    policy: String,
 }
 
 async fn setup() -> Setup {
@@ -102,14 +122,20 @@ async fn setup() -> Setup {
         StaticKeypair::generate().unwrap(),
         StaticKeypair::generate().unwrap(),
     );
+    let policy = policy(&a, &b);
     let gw = Gateway::start(
-        &policy(&a, &b),
+        &policy,
         "secrets_dir = \"secrets\"\napproval_timeout = \"2s\"",
     );
     for dir in ["tools", "secrets", "workspace"] {
         std::fs::create_dir_all(gw.dir.join(dir)).unwrap();
     }
     std::fs::write(gw.dir.join("tools/add.rhai"), "args.a + args.b").unwrap();
+    // Each round sorts 20,000 numbers: few operations, much work.
+    std::fs::write(
+        gw.dir.join("tools/spin.rhai"),
+        "let a = []; for i in 0..20000 { a.push((i * 7919) % 20011); }\nloop { let b = a; b.sort(); }",
+    ).unwrap();
     std::fs::write(gw.dir.join("tools/wipe.rhai"), r#""wiped " + args.what"#).unwrap();
     std::fs::write(
         gw.dir.join("tools/vault.rhai"),
@@ -125,7 +151,12 @@ if args.fail == true { throw "the service refused key " + key; }
     alice.accept_all().await.unwrap();
     let bob = gw.connect(&b).await.unwrap();
     bob.accept_all().await.unwrap();
-    Setup { gw, alice, bob }
+    Setup {
+        gw,
+        alice,
+        bob,
+        policy,
+    }
 }
 
 fn remote(result: &Result<Value, ClientError>) -> (ErrorCode, String, Value) {
@@ -154,7 +185,7 @@ async fn tools_are_listed_as_granted_and_called_with_checked_arguments() {
     let list = alice.request("tool.list", json!({})).await.unwrap();
     assert_eq!(
         names(&list),
-        ["add", "vault", "deploy", "wipe"],
+        ["add", "vault", "deploy", "wipe", "per_run", "spin"],
         "a block tool is not listed"
     );
     assert_eq!(list["tools"][3]["approval_policy"], "always_ask");
@@ -554,4 +585,149 @@ async fn approvals_park_the_call_until_an_operator_decides_or_it_times_out() {
             ),
         ]
     );
+}
+
+#[tokio::test]
+async fn a_running_tool_is_cancelled_by_its_caller_only() {
+    let Setup {
+        gw: _gw,
+        alice,
+        bob,
+        ..
+    } = setup().await;
+    let handle = alice
+        .start("tool.call", json!({"name": "spin", "arguments": {}}))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let id = handle.id.to_string();
+
+    // Another principal cannot reach it.
+    let foreign = bob.request("tool.cancel", json!({"request_id": id})).await;
+    assert_eq!(remote(&foreign).0, ErrorCode::NotFound);
+
+    let started = Instant::now();
+    let cancelled = alice
+        .request("tool.cancel", json!({"request_id": id}))
+        .await
+        .unwrap();
+    assert_eq!(cancelled["cancelled"], true);
+    let result = handle.response().await;
+    assert_eq!(remote(&result).0, ErrorCode::Cancelled);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // Once finished it is gone.
+    let again = alice
+        .request("tool.cancel", json!({"request_id": id}))
+        .await;
+    assert_eq!(remote(&again).0, ErrorCode::NotFound);
+}
+
+#[tokio::test]
+async fn ask_once_per_run_is_remembered_for_that_run_only() {
+    let Setup { gw, alice, .. } = setup().await;
+    let call = json!({"name": "per_run", "arguments": {"a": 1, "b": 1}});
+    let run = |id: &str| portcullis::frame::RequestContext {
+        run_id: Some(id.to_string()),
+        ..Default::default()
+    };
+    let approve_next = || async {
+        let id = waiting(&gw, 1).await[0]["id"].to_string();
+        assert!(gw.cli(&["approvals", "approve", &id]).status.success());
+    };
+
+    // Run 1: asked, approved, then remembered for run 1.
+    let first = async {
+        let handle = alice
+            .start_with_context(run("run-1"), "tool.call", call.clone())
+            .await
+            .unwrap();
+        handle.response().await
+    };
+    let (result, ()) = tokio::join!(first, approve_next());
+    assert_eq!(result.unwrap()["value"], 2);
+    let remembered = alice
+        .start_with_context(run("run-1"), "tool.call", call.clone())
+        .await
+        .unwrap()
+        .response()
+        .await;
+    assert_eq!(remembered.unwrap()["value"], 2, "run-1 is not asked again");
+
+    // Run 2 is asked again (and nobody answers within 2 s).
+    let other_run = alice
+        .start_with_context(run("run-2"), "tool.call", call.clone())
+        .await
+        .unwrap()
+        .response()
+        .await;
+    assert_eq!(remote(&other_run).0, ErrorCode::ApprovalRequired);
+
+    // Without a run id there is nothing to remember it by: asked each time.
+    let (result, ()) = tokio::join!(alice.request("tool.call", call.clone()), approve_next());
+    assert_eq!(result.unwrap()["value"], 2);
+    let (result, ()) = tokio::join!(alice.request("tool.call", call.clone()), approve_next());
+    assert_eq!(result.unwrap()["value"], 2);
+}
+
+/// Events until one named `name` arrives (or 10 s pass).
+async fn event_named(client: &Client, name: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(event) = client.next_event(Duration::from_millis(200)).await
+            && event.event == name
+        {
+            return event.payload;
+        }
+    }
+    panic!("no `{name}` event within 10 s");
+}
+
+#[tokio::test]
+async fn a_reload_announces_the_tools_it_registers_and_unregisters() {
+    let Setup {
+        gw,
+        alice,
+        bob,
+        policy,
+    } = setup().await;
+    // Bob loses `add` and gains `vault`; for alice (who may call every
+    // tool) only the description of `add` changes.
+    let edited = policy
+        .replace(
+            r#"tools = { allow = ["add"] }"#,
+            r#"tools = { allow = ["vault"] }"#,
+        )
+        .replace("Adds two integers.", "Adds two integers (edited).");
+    assert_ne!(edited, policy);
+    gw.write_policy(&edited);
+    gw.signal("HUP");
+
+    let gone = event_named(&bob, "tool.unregistered").await;
+    assert_eq!(gone["name"], "add");
+    let added = event_named(&bob, "tool.registered").await;
+    assert_eq!(added["tool"]["name"], "vault");
+    assert_eq!(
+        added["tool"]["input_schema"]["properties"]["fail"]["type"],
+        "boolean"
+    );
+    assert!(added["generation"].is_string(), "{added}");
+    assert_eq!(
+        names(&bob.request("tool.list", json!({})).await.unwrap()),
+        ["vault"]
+    );
+
+    let changed = event_named(&alice, "tool.registered").await;
+    assert_eq!(changed["tool"]["name"], "add");
+    assert_eq!(
+        changed["tool"]["description"],
+        "Adds two integers (edited)."
+    );
+    // Nothing else changed for alice.
+    while let Some(event) = alice.next_event(Duration::from_millis(300)).await {
+        assert!(!event.event.starts_with("tool."), "{event:?}");
+    }
 }

@@ -11,7 +11,7 @@
 //! Writing happens in a separate task fed by a bounded outbox, so a slow
 //! peer slows only its own session.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -124,6 +124,7 @@ where
         instance_id: Some(gateway.instance_id.clone()),
         capabilities: capabilities_json(&policy, &granted),
     };
+    let tools = tools_by_name(&policy, &principal, jiff::Timestamp::now());
     let mut session = Session {
         gateway: gateway.clone(),
         principal,
@@ -132,6 +133,7 @@ where
         in_flight: HashMap::new(),
         inputs: HashMap::new(),
         accepted: None,
+        tools,
         granted,
         end_reason: Arc::new(OnceLock::new()),
         resources: SessionResources::new(outbox.clone()),
@@ -187,6 +189,19 @@ fn authenticate(
     Ok(principal.id.clone())
 }
 
+/// The descriptors of the tools `principal` may call, by name.
+fn tools_by_name(
+    policy: &Policy,
+    principal: &str,
+    now: jiff::Timestamp,
+) -> BTreeMap<String, Value> {
+    let tools = crate::tools::descriptors(policy, principal, now);
+    tools
+        .into_iter()
+        .map(|t| (t["name"].as_str().unwrap_or_default().to_string(), t))
+        .collect()
+}
+
 /// The `capabilities` of a hello: only what the principal is granted.
 pub fn capabilities_json(policy: &Policy, granted: &Summary) -> Map<String, Value> {
     let mut caps = Map::new();
@@ -234,6 +249,8 @@ struct Session {
     /// Capabilities named in `relay.accepted`; `None` until it arrives.
     accepted: Option<BTreeSet<String>>,
     granted: Summary,
+    /// The tool descriptors the principal was last granted, by name.
+    tools: BTreeMap<String, Value>,
     /// Set when the session ends for a reason other than a `cancel`: the
     /// answer cancelled requests get instead of `cancelled`.
     end_reason: Arc<OnceLock<ErrorBody>>,
@@ -796,6 +813,7 @@ impl Session {
             ));
         }
         self.stop_what_is_no_longer_allowed(&policy, now).await;
+        self.announce_tool_changes(&policy, now).await;
         if granted != self.granted {
             let names = granted_names(&granted);
             if let Some(accepted) = &mut self.accepted {
@@ -810,6 +828,25 @@ impl Session {
             .await;
         }
         None
+    }
+
+    /// Tells the client which tools a policy change granted, changed
+    /// (`tool.registered`, with the new descriptor) or took away
+    /// (`tool.unregistered`).
+    async fn announce_tool_changes(&mut self, policy: &Policy, now: jiff::Timestamp) {
+        let tools = tools_by_name(policy, &self.principal, now);
+        let generation = &policy.generation;
+        for name in self.tools.keys().filter(|name| !tools.contains_key(*name)) {
+            let payload = json!({"name": name, "generation": generation});
+            self.event("tool.unregistered", payload).await;
+        }
+        for (name, descriptor) in &tools {
+            if self.tools.get(name) != Some(descriptor) {
+                let payload = json!({"tool": descriptor, "generation": generation});
+                self.event("tool.registered", payload).await;
+            }
+        }
+        self.tools = tools;
     }
 
     /// Stops what the policy no longer allows: requests in flight (a

@@ -86,12 +86,23 @@ fn invalid(message: impl Into<String>) -> ErrorBody {
     ErrorBody::new(ErrorCode::InvalidRequest, message)
 }
 
-/// The descriptors of the tools the principal may call, with the approval
-/// each needs for it.
+/// `tool.list`: the descriptors of the tools the principal may call.
 fn list(call: &Call) -> Value {
     let policy = call.gateway.current_policy();
-    let now = jiff::Timestamp::now();
-    let tools: Vec<Value> = policy
+    let tools = descriptors(&policy, &call.principal, jiff::Timestamp::now());
+    json!({"tools": tools, "generation": policy.generation})
+}
+
+/// The descriptors of the tools `principal` may call now, in the policy's
+/// order, with the approval each needs. A session keeps the last set it saw and tells
+/// the client what a reload changed (`tool.registered` /
+/// `tool.unregistered`).
+pub fn descriptors(
+    policy: &portcullis_policy::Policy,
+    principal: &str,
+    now: jiff::Timestamp,
+) -> Vec<Value> {
+    policy
         .tools
         .iter()
         .filter_map(|tool| {
@@ -101,8 +112,7 @@ fn list(call: &Call) -> Value {
                     name: tool.name.clone(),
                 },
             };
-            let decision = portcullis_policy::decide(&policy, &call.principal, &query, now);
-            let approval = match decision.verdict {
+            let approval = match portcullis_policy::decide(policy, principal, &query, now).verdict {
                 Verdict::Allow => "allow",
                 Verdict::RequireApproval(p) => p.as_str(),
                 Verdict::Deny(_) => return None,
@@ -116,8 +126,7 @@ fn list(call: &Call) -> Value {
                 "approval_policy": approval,
             }))
         })
-        .collect();
-    json!({"tools": tools, "generation": policy.generation})
+        .collect()
 }
 
 /// Running `tool.call`s by principal and request id, for `tool.cancel`.
