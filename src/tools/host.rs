@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use portcullis_policy::{ScriptLimits, Verdict};
-use portcullis_store::{Decision as AuditDecision, Kind, Record as AuditRecord};
+use portcullis_store::{
+    AuditLog, Decision as AuditDecision, Kind, Record as AuditRecord, Submitted,
+};
 use rhai::{Dynamic, EvalAltResult, Scope};
 use serde_json::{Map, Value, json};
 use tokio::runtime::Handle;
@@ -51,6 +53,57 @@ pub struct Host {
     /// Bytes printed (against `max_output`), by the script and the tools
     /// it calls together.
     printed: Arc<AtomicU64>,
+    /// Audit entries of nested requests not yet known to be durable.
+    unsettled: Arc<Unsettled>,
+}
+
+/// Audit entries a script's nested requests submitted without waiting.
+/// Whatever the script says next — a stream frame or its answer — waits
+/// until they are durable, so a run of nested requests shares one flush
+/// and nothing leaves the gateway before its entry.
+#[derive(Default)]
+struct Unsettled {
+    pending: std::sync::Mutex<Vec<Submitted>>,
+    /// Set once an entry failed: every later settle fails too.
+    failed: std::sync::OnceLock<String>,
+}
+
+/// Entries left unsettled at most; the next one waits for them all (this
+/// bounds the memory a script's requests can hold in the writer's queue).
+const MAX_UNSETTLED: usize = 256;
+
+impl Unsettled {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Submitted>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `record` after those already queued.
+    fn submit(&self, audit: &AuditLog, record: AuditRecord) -> Result<(), ErrorBody> {
+        let submitted = audit.submit(record).map_err(|e| {
+            let _ = self.failed.set(e.to_string());
+            provider_error(format!("the audit log is unavailable: {e}"))
+        })?;
+        let full = {
+            let mut pending = self.lock();
+            pending.push(submitted);
+            pending.len() >= MAX_UNSETTLED
+        };
+        if full { self.settle() } else { Ok(()) }
+    }
+
+    /// Waits until every entry submitted so far is durable.
+    fn settle(&self) -> Result<(), ErrorBody> {
+        let pending = std::mem::take(&mut *self.lock());
+        for submitted in pending {
+            if let Err(e) = submitted.wait() {
+                let _ = self.failed.set(e.to_string());
+            }
+        }
+        match self.failed.get() {
+            Some(e) => Err(provider_error(format!("the audit log is unavailable: {e}"))),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Host {
@@ -70,6 +123,7 @@ impl Host {
             tool_calls: AtomicU64::new(0),
             nested: AtomicU64::new(0),
             printed: Arc::default(),
+            unsettled: Arc::default(),
         }
     }
 
@@ -134,11 +188,13 @@ impl Host {
             .map_err(|e| engine::error_body(&e.into(), &host.limits))?;
         let mut scope = Scope::new();
         scope.push_constant("args", engine::to_dynamic(&args)?);
-        let value = engine
+        let evaluated = engine
             .eval_ast_with_scope::<Dynamic>(&mut scope, &ast)
-            .map_err(|e| engine::error_body(&e, &host.limits))?;
+            .map_err(|e| engine::error_body(&e, &host.limits));
+        // The answer, success or not, waits for the nested requests' entries.
+        host.unsettled.settle()?;
         Ok(json!({
-            "value": engine::result_json(&value, &host.limits)?,
+            "value": engine::result_json(&evaluated?, &host.limits)?,
             "stats": {
                 "operations": host.watch.operations.load(Ordering::Relaxed),
                 "duration_ms": started.elapsed().as_secs_f64() * 1e3,
@@ -162,6 +218,7 @@ impl Host {
             printed: self.printed.clone(),
             stopped: watch.stopped.clone(),
             secrets,
+            unsettled: self.unsettled.clone(),
         };
         let debug = sink.clone();
         engine.on_print(move |text| sink.send("stdout", text));
@@ -220,10 +277,7 @@ impl Host {
             answer.as_ref().err(),
             &Usage::default(),
         );
-        self.gateway
-            .audit
-            .append_blocking(record)
-            .map_err(|e| provider_error(format!("the audit log is unavailable: {e}")))?;
+        self.unsettled.submit(&self.gateway.audit, record)?;
         answer
     }
 
@@ -261,11 +315,15 @@ impl Host {
                 kind: Kind::RequestStart,
                 ..record.clone()
             };
-            self.gateway.audit.append_blocking(start).map_err(|e| {
-                provider_error(format!(
-                    "the audit log is unavailable, so nothing was run: {e}"
-                ))
-            })?;
+            // A tool only computes (it has no host functions), so its start
+            // entry need only precede its end entry; a command acts on the
+            // host, so its start entry is durable before it runs.
+            self.unsettled.submit(&self.gateway.audit, start)?;
+            if request.method != "tool.call" {
+                self.unsettled
+                    .settle()
+                    .map_err(|e| provider_error(format!("{}, so nothing was run", e.message)))?;
+            }
         }
         if let portcullis_policy::Target::Tool { name } = &query.target {
             let args = request
@@ -318,10 +376,17 @@ struct Output {
     printed: Arc<AtomicU64>,
     stopped: Arc<std::sync::OnceLock<&'static str>>,
     secrets: Option<Arc<Secrets>>,
+    unsettled: Arc<Unsettled>,
 }
 
 impl Output {
     fn send(&self, event: &str, text: &str) {
+        if self.unsettled.settle().is_err() {
+            // Nothing more may leave; the script ends as cancelled and its
+            // answer reports the audit failure (from settling again).
+            let _ = self.stopped.set(engine::STOP_CANCELLED);
+            return;
+        }
         let before = self.printed.fetch_add(text.len() as u64, Ordering::Relaxed);
         if before + text.len() as u64 > self.limit {
             let _ = self.stopped.set(engine::STOP_OUTPUT);

@@ -208,6 +208,18 @@ pub enum Durability {
     SledFlush,
 }
 
+/// An entry queued by [`AuditLog::submit`].
+#[must_use = "an entry is durable only once waited for"]
+pub struct Submitted(oneshot::Receiver<Result<u64, StoreError>>);
+
+impl Submitted {
+    /// Blocks (outside an async runtime) until the entry is durable;
+    /// returns its sequence number.
+    pub fn wait(self) -> Result<u64, StoreError> {
+        self.0.blocking_recv().map_err(|_| StoreError::Failed)?
+    }
+}
+
 /// A handle to the audit log; cheap to clone.
 #[derive(Clone)]
 pub struct AuditLog {
@@ -287,11 +299,23 @@ impl AuditLog {
 
     /// Appends `record`; returns its sequence number once it is durable.
     pub async fn append(&self, record: Record) -> Result<u64, StoreError> {
+        self.submit(record)?
+            .0
+            .await
+            .map_err(|_| StoreError::Failed)?
+    }
+
+    /// Queues `record` for appending without waiting: entries are written
+    /// in the order they are submitted, and [`Submitted::wait`] says when
+    /// this one is durable. For a caller that must only have every entry
+    /// durable before it next speaks (a script's nested requests), so a
+    /// run of them shares one flush.
+    pub fn submit(&self, record: Record) -> Result<Submitted, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
             .send(Job::Append(Box::new(record), reply))
             .map_err(|_| StoreError::Failed)?;
-        answer.await.map_err(|_| StoreError::Failed)?
+        Ok(Submitted(answer))
     }
 
     /// Removes the oldest entries — the longest run from the start whose
@@ -338,11 +362,7 @@ impl AuditLog {
 
     /// [`append`](Self::append) for callers outside an async runtime.
     pub fn append_blocking(&self, record: Record) -> Result<u64, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.jobs
-            .send(Job::Append(Box::new(record), reply))
-            .map_err(|_| StoreError::Failed)?;
-        answer.blocking_recv().map_err(|_| StoreError::Failed)?
+        self.submit(record)?.wait()
     }
 
     pub fn get(&self, seq: u64) -> Result<Option<Entry>, StoreError> {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 pub use audit::{
     AuditLog, Decision, Durability, Entry, Filter, Kind, LogStats, Record, RequestContext, Retain,
-    Status, VerifyError, VerifyReport, verify_export,
+    Status, Submitted, VerifyError, VerifyReport, verify_export,
 };
 pub use checkpoint::{AuditSigner, Checkpoint, PruneMarker, decode_public_key};
 use thiserror::Error;
