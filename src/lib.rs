@@ -18,5 +18,6 @@ pub mod keyfile;
 pub mod record;
 pub mod server;
 pub mod shell;
+pub mod systemd;
 pub mod tls;
 pub mod tools;

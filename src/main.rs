@@ -28,6 +28,23 @@ enum Command {
     /// Create and inspect X25519 static keys (the gateway's and clients').
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Make a bearer token for a principal (printed once) and its hash for the policy.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Check this installation: config, policy, keys, state, roots, sandbox, ports.
+    Doctor {
+        /// The configuration file.
+        #[arg(long, default_value = "/etc/portcullis/portcullis.toml")]
+        config: PathBuf,
+        /// One JSON object with every check.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the man pages (one per command) into DIR.
+    #[command(hide = true)]
+    Man { dir: PathBuf },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
     /// Check a policy file and explain its decisions.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -214,8 +231,30 @@ enum PolicyCommand {
     Explain(Box<cli::policy::ExplainArgs>),
 }
 
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// A new random token, and the `token_hash` line for the policy.
+    New {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Command::Token(TokenCommand::New { json }) => cli::keys::new_token(json),
+        Command::Doctor { config, json } => cli::doctor::doctor(&config, json),
+        Command::Man { dir } => man_pages(&dir),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "portcullis",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
         Command::Keys(KeysCommand::Generate { file, force, json }) => {
             cli::keys::generate(&file, force, json)
         }
@@ -295,5 +334,16 @@ fn main() -> ExitCode {
         Command::Grep(args) => cli::files::grep(args),
         Command::Exec(args) => cli::shell::exec(args),
         Command::Shell(args) => cli::shell::shell(args),
+    }
+}
+
+/// `portcullis.1` and one page per subcommand (`portcullis-audit.1`, …).
+fn man_pages(dir: &std::path::Path) -> ExitCode {
+    use clap::CommandFactory;
+    let written =
+        std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(Cli::command(), dir));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => cli::fail(format!("cannot write man pages to {}: {e}", dir.display())),
     }
 }

@@ -112,7 +112,7 @@ async fn fixture(max_in_flight: usize) -> Fixture {
         dropped_early: dropped_early.clone(),
     }));
     let gateway = Arc::new(gateway);
-    let listener = server::bind(&gateway).await.unwrap().remove(0);
+    let listener = server::bind(&gateway, Vec::new()).await.unwrap().remove(0);
     let url = format!("ws://{}", listener.local_addr().unwrap());
     tokio::spawn(server::serve(gateway.clone(), listener));
     let client = Client::connect(ClientOptions::new(&url, gateway_key, alice.clone()))

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod audit;
 pub mod connect;
 pub mod demo;
+pub mod doctor;
 pub mod files;
 pub mod keys;
 pub mod policy;

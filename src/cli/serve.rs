@@ -9,6 +9,7 @@ use std::time::Duration;
 use portcullis::config::Config;
 use portcullis::keyfile;
 use portcullis::server::{self, Gateway};
+use portcullis::systemd;
 use portcullis_policy::load_file;
 use portcullis_store::Retain;
 use tokio::signal::unix::{SignalKind, signal};
@@ -18,6 +19,11 @@ use crate::cli::fail;
 
 pub fn serve(config: &Path) -> ExitCode {
     init_logging();
+    // Before any thread starts: this reads and clears LISTEN_FDS.
+    let inherited = match systemd::inherited_listeners() {
+        Ok(inherited) => inherited,
+        Err(e) => return fail(format!("socket activation: {e}")),
+    };
     let config = match Config::load(config) {
         Ok(config) => config,
         Err(e) => return fail(e),
@@ -68,11 +74,11 @@ pub fn serve(config: &Path) -> ExitCode {
             Err(e) => return fail(e),
         }
     }
-    runtime.block_on(run(Arc::new(gateway)))
+    runtime.block_on(run(Arc::new(gateway), inherited))
 }
 
-async fn run(gateway: Arc<Gateway>) -> ExitCode {
-    let listeners = match server::bind(&gateway).await {
+async fn run(gateway: Arc<Gateway>, inherited: Vec<std::net::TcpListener>) -> ExitCode {
+    let listeners = match server::bind(&gateway, inherited).await {
         Ok(listeners) => listeners,
         Err(e) => return fail(e),
     };
@@ -100,24 +106,37 @@ async fn run(gateway: Arc<Gateway>) -> ExitCode {
     };
     let key = gateway.key.public();
     info!(fingerprint = %key.fingerprint(), policy = %gateway.current_policy().generation, "gateway key {key}");
+    let mut addresses = Vec::new();
     for listener in listeners {
         // One line per address on stdout, for scripts and tests.
         if let Ok(addr) = listener.local_addr() {
             println!("listening on {addr}");
+            addresses.push(addr.to_string());
         }
         tokio::spawn(server::serve(gateway.clone(), listener));
     }
+    let serving = format!("serving on {}", addresses.join(", "));
+    let generation = gateway.current_policy().generation.clone();
+    systemd::ready(&format!("{serving}; policy {generation}"));
+    tokio::spawn(systemd::watchdog());
     loop {
         tokio::select! {
             _ = hangup.recv() => match gateway.reload_policy() {
-                Ok(generation) => info!(%generation, "policy reloaded"),
-                Err(errors) => error!("policy reload failed; keeping the old policy:\n{errors}"),
+                Ok(generation) => {
+                    info!(%generation, "policy reloaded");
+                    systemd::status(&format!("{serving}; policy {generation}"));
+                }
+                Err(errors) => {
+                    error!("policy reload failed; keeping the old policy:\n{errors}");
+                    systemd::status(&format!("{serving}; policy reload FAILED, old policy kept (see the log)"));
+                }
             },
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
         }
     }
     info!(sessions = gateway.sessions.count(), "shutting down");
+    systemd::stopping();
     gateway.shutdown.cancel();
     // Sessions finish what is in flight (bounded by shutdown_grace), then close.
     let deadline =
@@ -180,11 +199,29 @@ async fn retention(gateway: Arc<Gateway>) {
 const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
+/// Logs go to the journal, with their fields, when stderr is the journal
+/// (under systemd); to stderr as text otherwise. `RUST_LOG` filters.
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use tracing_subscriber::layer::SubscriberExt;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    if systemd::stderr_is_journal()
+        && let Ok(journald) = tracing_journald::layer()
+    {
+        // Fields as journal fields of their own: `journalctl PRINCIPAL=agent`.
+        let subscriber = tracing_subscriber::registry().with(filter()).with(
+            journald
+                .with_syslog_identifier("portcullis".into())
+                .with_field_prefix(None),
+        );
+        if tracing::subscriber::set_global_default(subscriber).is_ok() {
+            return;
+        }
+    }
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(filter())
         .with_writer(std::io::stderr)
         .try_init();
 }

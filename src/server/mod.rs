@@ -178,8 +178,25 @@ fn upgrade(
     response
 }
 
-/// Binds every configured address.
-pub async fn bind(gateway: &Gateway) -> std::io::Result<Vec<TcpListener>> {
+/// Binds every configured address — or, under socket activation, serves
+/// the listeners systemd passed instead (`listen` is then ignored).
+pub async fn bind(
+    gateway: &Gateway,
+    inherited: Vec<std::net::TcpListener>,
+) -> std::io::Result<Vec<TcpListener>> {
+    if !inherited.is_empty() {
+        let listeners = inherited
+            .into_iter()
+            .map(TcpListener::from_std)
+            .collect::<std::io::Result<Vec<_>>>()?;
+        for listener in &listeners {
+            info!(
+                "listening on {} (socket from systemd; `listen` in the config is not used)",
+                listener.local_addr()?
+            );
+        }
+        return Ok(listeners);
+    }
     let mut listeners = Vec::new();
     for addr in &gateway.config.listen {
         let listener = TcpListener::bind(addr)
