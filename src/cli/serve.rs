@@ -198,9 +198,9 @@ async fn retention(gateway: Arc<Gateway>) {
 
 const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Logs to stderr; `RUST_LOG` filters (default `info`).
 /// Logs go to the journal, with their fields, when stderr is the journal
-/// (under systemd); to stderr as text otherwise. `RUST_LOG` filters.
+/// (under systemd); to stderr as text otherwise. `RUST_LOG` filters
+/// (default `info`).
 pub fn init_logging() {
     use tracing_subscriber::layer::SubscriberExt;
     let filter = || {
