@@ -25,6 +25,9 @@ pub struct Config {
     pub secrets_dir: Option<PathBuf>,
     /// How long a tool call waits for an operator's approval.
     pub approval_timeout: Duration,
+    /// Where to serve `GET /metrics` over plain HTTP too (the admin socket
+    /// always serves `/v1/metrics`).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// `[audit]`: retention.
@@ -120,6 +123,8 @@ struct RawConfig {
     secrets_dir: Option<PathBuf>,
     #[serde(default, deserialize_with = "optional_duration")]
     approval_timeout: Option<Duration>,
+    #[serde(default)]
+    metrics_listen: Option<SocketAddr>,
 }
 
 fn default_provider_id() -> String {
@@ -193,6 +198,7 @@ impl Config {
                 .map(resolve)
                 .or_else(|| std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from)),
             approval_timeout: raw.approval_timeout.unwrap_or(Duration::from_secs(300)),
+            metrics_listen: raw.metrics_listen,
             tls: raw.tls.map(|t| TlsFiles {
                 cert: resolve(t.cert),
                 key: resolve(t.key),

@@ -66,6 +66,8 @@ enum Command {
     },
     /// Show a running daemon's state (through its admin socket).
     Status(cli::admin::Socket),
+    /// Print a running daemon's Prometheus metrics (through its admin socket).
+    Metrics(cli::admin::Socket),
     /// List a running daemon's sessions, or close one.
     Sessions {
         #[command(subcommand)]
@@ -270,6 +272,7 @@ fn main() -> ExitCode {
         },
         Command::Connect(target) => cli::connect::connect(target),
         Command::Status(socket) => cli::admin::status(&socket),
+        Command::Metrics(socket) => cli::admin::metrics(&socket),
         Command::Audit {
             action: AuditCommand::List(args),
             source,

@@ -173,3 +173,113 @@ async fn the_admin_cli_explains_an_unreachable_daemon() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the daemon"));
 }
+
+/// The value of the sample `name` (with its labels) in Prometheus text.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_count_sessions_requests_and_failed_handshakes() {
+    use futures_util::SinkExt;
+    let alice = StaticKeypair::generate().unwrap();
+    let scrape = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let scrape_addr = scrape.local_addr().unwrap();
+    drop(scrape);
+    let gw = Gateway::start(
+        &policy(&alice, true),
+        &format!("metrics_listen = \"{scrape_addr}\""),
+    );
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    for _ in 0..3 {
+        client.request("resource.list", json!({})).await.unwrap();
+    }
+    // A method nobody serves, three times under different names: one label.
+    for name in ["no.such", "made.up", "x"] {
+        let refused = client.request(name, json!({})).await;
+        assert!(
+            matches!(refused, Err(ClientError::Remote(_))),
+            "{refused:?}"
+        );
+    }
+    // Garbage instead of handshake message 1.
+    let tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let url = format!("{}/api/v1/relay/connect", gw.url);
+    let (mut ws, _) = tokio_tungstenite::client_async(url.as_str(), tcp)
+        .await
+        .unwrap();
+    let garbage = tokio_tungstenite::tungstenite::Message::Binary(vec![7u8; 40].into());
+    let _ = ws.send(garbage).await;
+    assert!(common::closed_by_gateway(&mut ws, 5 * SECOND).await);
+
+    let deadline = std::time::Instant::now() + 5 * SECOND;
+    let text = loop {
+        let out = gw.cli(&["metrics"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = stdout(&out);
+        // The security event is counted by a task; wait for it.
+        if sample(&text, "portcullis_handshake_failures_total") == Some(1.0)
+            || std::time::Instant::now() > deadline
+        {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        text.contains("# TYPE portcullis_requests_total counter"),
+        "{text}"
+    );
+    assert_eq!(sample(&text, "portcullis_sessions"), Some(1.0), "{text}");
+    assert_eq!(
+        sample(
+            &text,
+            "portcullis_requests_total{method=\"resource.list\",decision=\"allowed\"}"
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    let unknown: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("portcullis_requests_total{method=\"unknown\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(unknown, 3.0, "{text}");
+    assert!(
+        !text.contains("no.such") && !text.contains("made.up"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "portcullis_handshake_failures_total"),
+        Some(1.0),
+        "{text}"
+    );
+    let commits = sample(&text, "portcullis_audit_commit_seconds_count").unwrap_or(0.0);
+    assert!(commits >= 1.0, "{text}");
+    assert_eq!(
+        sample(&text, "portcullis_audit_commit_seconds_bucket{le=\"+Inf\"}"),
+        Some(commits),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "portcullis_audit_entries_total").unwrap_or(0.0) >= 6.0,
+        "{text}"
+    );
+
+    // The same text over plain HTTP on metrics_listen.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(scrape_addr).await.unwrap();
+    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut scraped = String::new();
+    tcp.read_to_string(&mut scraped).await.unwrap();
+    assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
+    assert!(scraped.contains("text/plain; version=0.0.4"), "{scraped}");
+    assert!(scraped.contains("\nportcullis_sessions 1\n"), "{scraped}");
+}

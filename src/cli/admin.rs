@@ -208,3 +208,24 @@ pub fn decide_approval(socket: &Socket, id: u64, approve: bool) -> ExitCode {
         move |_| format!("{} call {id}", if approve { "approved" } else { "denied" }),
     )
 }
+
+/// `portcullis metrics`: the daemon's Prometheus text, as served at
+/// `/v1/metrics`.
+pub fn metrics(socket: &Socket) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(e),
+    };
+    let mut out = std::io::stdout();
+    match runtime.block_on(admin::download(
+        &socket.admin_socket,
+        "/v1/metrics",
+        &mut out,
+    )) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}

@@ -92,6 +92,15 @@ async fn run(gateway: Arc<Gateway>, inherited: Vec<std::net::TcpListener>) -> Ex
         }
     };
     tokio::spawn(server::admin::serve(gateway.clone(), admin));
+    if let Some(addr) = gateway.config.metrics_listen {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                info!("metrics on http://{addr}/metrics");
+                tokio::spawn(server::metrics::serve(gateway.clone(), listener));
+            }
+            Err(e) => return fail(format!("cannot listen for metrics on {addr}: {e}")),
+        }
+    }
     tokio::spawn(portcullis::shell::process::keeper(gateway.clone()));
     tokio::task::spawn_blocking(log_sandbox_support);
     if !gateway.config.audit.retains_everything() {

@@ -5,6 +5,7 @@
 //! | method | path | does |
 //! |---|---|---|
 //! | GET | /v1/status | instance, version, policy generation, paused, session count |
+//! | GET | /v1/metrics | Prometheus text metrics (`server/metrics.rs`) |
 //! | GET | /v1/sessions | the live sessions |
 //! | DELETE | /v1/sessions/ID | closes one session |
 //! | POST | /v1/policy/reload | reloads the policy file (an invalid one is kept out) |
@@ -94,6 +95,15 @@ pub async fn serve(gateway: Arc<Gateway>, listener: UnixListener) {
 async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> Response<Body> {
     let path = request.uri().path().to_string();
     match (request.method(), path.as_str()) {
+        (&Method::GET, "/v1/metrics") => {
+            let body = Full::new(Bytes::from(gateway.metrics.render(gateway))).boxed_unsync();
+            let mut response = Response::new(body);
+            response.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            response
+        }
         (&Method::GET, "/v1/status") => {
             let policy = gateway.current_policy();
             reply(

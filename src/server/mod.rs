@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod dispatch;
 pub mod entry;
+pub mod metrics;
 pub mod query;
 pub mod resources;
 pub mod session;

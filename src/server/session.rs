@@ -671,6 +671,11 @@ impl Session {
         record.completed_at = Some(jiff::Timestamp::now().to_string());
         record.status = Some(Status::Failed);
         record.error_code = Some(code_name(code));
+        let served = record
+            .method
+            .as_deref()
+            .is_some_and(|m| self.gateway.dispatcher.serves(m));
+        self.gateway.metrics.request(&record, served);
         if let Err(e) = self.gateway.audit.append(record).await {
             error!(session = self.info.id, "audit: {e}");
         }
@@ -771,6 +776,7 @@ impl Session {
                 response.error.as_ref(),
                 &usage,
             );
+            gateway.metrics.request(&record, true);
             if let Err(e) = audit.append(record).await {
                 error!("audit: {e}");
                 let error = ErrorBody::new(

@@ -36,6 +36,7 @@ pub struct Gateway {
     pub audit: AuditLog,
     /// Tool calls waiting for an operator.
     pub approvals: crate::tools::approvals::Approvals,
+    pub metrics: crate::server::metrics::Metrics,
 }
 
 impl Gateway {
@@ -55,6 +56,7 @@ impl Gateway {
             tls: None,
             audit,
             approvals: Default::default(),
+            metrics: Default::default(),
         }
     }
 
@@ -91,6 +93,7 @@ impl Gateway {
     /// Records a security event. Not awaited: the event is not the answer
     /// to any request, and the writer keeps the order.
     pub fn security_event(&self, event: &str, principal: Option<&str>, detail: String) {
+        self.metrics.security_event(event);
         let record = Record {
             kind: Kind::Security,
             started_at: jiff::Timestamp::now().to_string(),

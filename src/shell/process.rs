@@ -487,6 +487,11 @@ pub async fn stream(
     }
 }
 
+/// Processes held now (running, or exited and kept for attach).
+pub fn count() -> usize {
+    table().by_id.len()
+}
+
 /// Every process, by id.
 #[derive(Default)]
 struct Table {

@@ -277,6 +277,8 @@ impl Host {
             answer.as_ref().err(),
             &Usage::default(),
         );
+        let served = self.gateway.dispatcher.serves(method);
+        self.gateway.metrics.request(&record, served);
         self.unsettled.submit(&self.gateway.audit, record)?;
         answer
     }

@@ -13,7 +13,8 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -208,6 +209,46 @@ pub enum Durability {
     SledFlush,
 }
 
+/// Upper bounds (seconds) of the group-commit latency histogram.
+pub const COMMIT_BUCKETS: [f64; 10] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// What the writer has committed since the log was opened: group commits,
+/// the entries in them, and how long each commit (write, flush, fdatasync)
+/// took. Shared between the writer thread and every handle.
+#[derive(Default)]
+struct CommitCounters {
+    commits: AtomicU64,
+    entries: AtomicU64,
+    micros: AtomicU64,
+    /// Commits no slower than `COMMIT_BUCKETS[i]`, not cumulative.
+    buckets: [AtomicU64; COMMIT_BUCKETS.len()],
+}
+
+impl CommitCounters {
+    fn record(&self, entries: usize, took: std::time::Duration) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.entries.fetch_add(entries as u64, Ordering::Relaxed);
+        self.micros
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        let seconds = took.as_secs_f64();
+        if let Some(i) = COMMIT_BUCKETS.iter().position(|&le| seconds <= le) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A reading of the group commits so far (see [`AuditLog::commit_stats`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommitStats {
+    pub commits: u64,
+    pub entries: u64,
+    pub seconds: f64,
+    /// Cumulative: commits that took at most `COMMIT_BUCKETS[i]` seconds.
+    pub at_most: [u64; COMMIT_BUCKETS.len()],
+}
+
 /// An entry queued by [`AuditLog::submit`].
 #[must_use = "an entry is durable only once waited for"]
 pub struct Submitted(oneshot::Receiver<Result<u64, StoreError>>);
@@ -230,6 +271,7 @@ pub struct AuditLog {
     jobs: mpsc::Sender<Job>,
     /// The public half of the signer, when this log signs.
     public_key: Option<Vec<u8>>,
+    counters: Arc<CommitCounters>,
 }
 
 impl AuditLog {
@@ -267,6 +309,7 @@ impl AuditLog {
         let log_file = File::open(dir.join("db"))
             .map_err(|e| StoreError::Io(format!("sled log file: {e}")))?;
         let (jobs, queue) = mpsc::channel::<Job>();
+        let counters = Arc::new(CommitCounters::default());
         let writer = Writer {
             db: db.clone(),
             tree: tree.clone(),
@@ -281,6 +324,7 @@ impl AuditLog {
             signer,
             signed_through,
             last_checkpoint: std::time::Instant::now(),
+            counters: counters.clone(),
         };
         let public_key = writer.public_key.clone();
         std::thread::Builder::new()
@@ -294,7 +338,25 @@ impl AuditLog {
             meta,
             jobs,
             public_key,
+            counters,
         })
+    }
+
+    /// The group commits so far, for metrics.
+    pub fn commit_stats(&self) -> CommitStats {
+        let c = &self.counters;
+        let mut at_most = [0; COMMIT_BUCKETS.len()];
+        let mut sum = 0;
+        for (total, bucket) in at_most.iter_mut().zip(&c.buckets) {
+            sum += bucket.load(Ordering::Relaxed);
+            *total = sum;
+        }
+        CommitStats {
+            commits: c.commits.load(Ordering::Relaxed),
+            entries: c.entries.load(Ordering::Relaxed),
+            seconds: c.micros.load(Ordering::Relaxed) as f64 / 1e6,
+            at_most,
+        }
     }
 
     /// Appends `record`; returns its sequence number once it is durable.
@@ -810,6 +872,7 @@ struct Writer {
     /// The last entry covered by a checkpoint.
     signed_through: u64,
     last_checkpoint: std::time::Instant,
+    counters: Arc<CommitCounters>,
 }
 
 impl Writer {
@@ -843,7 +906,9 @@ impl Writer {
                     Job::Prune(bound, done) => pruning.push((bound, done)),
                 }
             }
+            let started = std::time::Instant::now();
             let results = self.commit(group.iter().map(|(record, _)| record));
+            self.counters.record(group.len(), started.elapsed());
             for ((_, reply), result) in group.into_iter().zip(results) {
                 let _ = reply.send(result);
             }

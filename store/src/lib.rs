@@ -13,8 +13,8 @@ mod checkpoint;
 use std::path::{Path, PathBuf};
 
 pub use audit::{
-    AuditLog, Decision, Durability, Entry, Filter, Kind, LogStats, Record, RequestContext, Retain,
-    Status, Submitted, VerifyError, VerifyReport, verify_export,
+    AuditLog, COMMIT_BUCKETS, CommitStats, Decision, Durability, Entry, Filter, Kind, LogStats,
+    Record, RequestContext, Retain, Status, Submitted, VerifyError, VerifyReport, verify_export,
 };
 pub use checkpoint::{AuditSigner, Checkpoint, PruneMarker, decode_public_key};
 use thiserror::Error;

@@ -188,6 +188,10 @@ done
 echo "$audit" | grep -q psst && die "the secret is in the audit log"
 inside portcullis audit verify >/dev/null || die "audit verify failed"
 say "audit list and verify (inside): ok"
+metrics=$(inside portcullis metrics) || die "portcullis metrics failed"
+echo "$metrics" | grep -q '^portcullis_requests_total{method="file.read",decision="allowed"} 1$' \
+  || die "metrics do not count the file read: $metrics"
+say "metrics (inside): ok"
 
 journal=$(inside journalctl -u portcullis -o json --no-pager)
 echo "$journal" | grep -q '"SYSLOG_IDENTIFIER":"portcullis"' || die "no portcullis entries in the journal"
