@@ -8,7 +8,7 @@ use hyper::Method;
 use portcullis::server::admin;
 use serde_json::Value;
 
-use crate::cli::fail;
+use crate::cli::{fail, runtime};
 
 #[derive(clap::Args)]
 pub struct Socket {
@@ -33,10 +33,7 @@ pub fn call(
     path: &str,
     describe: impl Fn(&Value) -> String,
 ) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(e) => return fail(e),
     };
@@ -212,10 +209,7 @@ pub fn decide_approval(socket: &Socket, id: u64, approve: bool) -> ExitCode {
 /// `portcullis metrics`: the daemon's Prometheus text, as served at
 /// `/v1/metrics`.
 pub fn metrics(socket: &Socket) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(e) => return fail(e),
     };

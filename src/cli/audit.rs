@@ -12,7 +12,7 @@ use portcullis::server::admin;
 use portcullis_store::{Entry, Filter, Store, VerifyReport};
 use serde_json::{Value, json};
 
-use crate::cli::fail;
+use crate::cli::{fail, runtime};
 
 #[derive(clap::Args)]
 pub struct Source {
@@ -51,13 +51,6 @@ pub struct ListArgs {
 enum Backend {
     Daemon(PathBuf),
     Offline(portcullis_store::AuditLog, Store),
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())
 }
 
 fn backend(source: &Source, rt: &tokio::runtime::Runtime) -> Result<Backend, String> {

@@ -10,7 +10,7 @@ use portcullis::{client_config, keyfile};
 use portcullis_crypto::PublicKey;
 use zeroize::Zeroizing;
 
-use crate::cli::fail;
+use crate::cli::{fail, runtime};
 
 /// How to reach and authenticate to a gateway.
 #[derive(clap::Args)]
@@ -74,13 +74,6 @@ impl Target {
         }
         Ok(client)
     }
-}
-
-pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())
 }
 
 /// Connects and prints the gateway's hello as JSON.

@@ -10,8 +10,8 @@ use std::time::Instant;
 use portcullis::client::{Client, StreamItem};
 use serde_json::{Value, json};
 
-use crate::cli::connect::{Target, runtime};
-use crate::cli::fail;
+use crate::cli::connect::Target;
+use crate::cli::{fail, runtime};
 
 /// A remote path: `ROOT:PATH`.
 #[derive(Clone, Debug)]

@@ -19,6 +19,14 @@ use std::process::ExitCode;
 /// `policy explain`), distinct from 1 for errors.
 pub const EXIT_NO: u8 = 2;
 
+/// The single-threaded runtime a client verb runs its requests on.
+pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
 /// Prints an error the way every verb does and returns exit code 1.
 pub fn fail(error: impl std::fmt::Display) -> ExitCode {
     eprintln!("portcullis: {error}");

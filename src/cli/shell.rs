@@ -21,8 +21,8 @@ use serde_json::{Map, Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use crate::cli::connect::{Target, runtime};
-use crate::cli::fail;
+use crate::cli::connect::Target;
+use crate::cli::{fail, runtime};
 
 /// Where and how the command runs (both verbs).
 #[derive(clap::Args)]

@@ -96,13 +96,7 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
     let path = request.uri().path().to_string();
     match (request.method(), path.as_str()) {
         (&Method::GET, "/v1/metrics") => {
-            let body = Full::new(Bytes::from(gateway.metrics.render(gateway))).boxed_unsync();
-            let mut response = Response::new(body);
-            response.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
-            );
-            response
+            crate::server::metrics::response(gateway).map(|body| body.boxed_unsync())
         }
         (&Method::GET, "/v1/status") => {
             let policy = gateway.current_policy();

@@ -27,11 +27,15 @@ use crate::server::state::Gateway;
 /// counted as `unknown`, so a hostile client cannot grow this map.
 #[derive(Default)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Method → answered requests, by decision (`DECISIONS`' order).
+    requests: Mutex<BTreeMap<String, [u64; DECISIONS.len()]>>,
     security_events: Mutex<BTreeMap<String, u64>>,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
 }
+
+/// The `decision` label, by index into a method's counts.
+const DECISIONS: [&str; 4] = ["allowed", "approved", "blocked", "none"];
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
@@ -42,16 +46,25 @@ impl Metrics {
     /// method, which decides whether the method becomes a label).
     pub fn request(&self, record: &Record, served: bool) {
         let method = match record.method.as_deref() {
-            Some(method) if served => method.to_string(),
-            _ => "unknown".to_string(),
+            Some(method) if served => method,
+            _ => "unknown",
         };
         let decision = match record.decision {
-            Some(Decision::Allowed) => "allowed",
-            Some(Decision::Approved) => "approved",
-            Some(Decision::Blocked) => "blocked",
-            None => "none",
+            Some(Decision::Allowed) => 0,
+            Some(Decision::Approved) => 1,
+            Some(Decision::Blocked) => 2,
+            None => 3,
         };
-        *lock(&self.requests).entry((method, decision)).or_default() += 1;
+        let mut requests = lock(&self.requests);
+        match requests.get_mut(method) {
+            Some(counts) => counts[decision] += 1,
+            None => {
+                let mut counts = [0; DECISIONS.len()];
+                counts[decision] = 1;
+                requests.insert(method.to_string(), counts);
+            }
+        }
+        drop(requests);
         self.bytes_in.fetch_add(record.bytes_in, Ordering::Relaxed);
         self.bytes_out
             .fetch_add(record.bytes_out, Ordering::Relaxed);
@@ -88,11 +101,16 @@ impl Metrics {
         );
         let requests: Vec<_> = lock(&self.requests)
             .iter()
-            .map(|((method, decision), n)| {
-                (
-                    format!("{{method=\"{}\",decision=\"{decision}\"}}", escape(method)),
-                    *n as f64,
-                )
+            .flat_map(|(method, counts)| {
+                DECISIONS
+                    .iter()
+                    .zip(counts)
+                    .filter(|(_, n)| **n > 0)
+                    .map(move |(decision, n)| {
+                        let labels =
+                            format!("{{method=\"{}\",decision=\"{decision}\"}}", escape(method));
+                        (labels, *n as f64)
+                    })
             })
             .collect();
         metric(
@@ -160,6 +178,16 @@ impl Metrics {
     }
 }
 
+/// `render` as an HTTP response, for the admin socket and `metrics_listen`.
+pub fn response(gateway: &Gateway) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(gateway.metrics.render(gateway))));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    response
+}
+
 /// A label value in the text format: backslash, quote and newline escaped.
 fn escape(value: &str) -> String {
     value
@@ -190,18 +218,12 @@ pub async fn serve(gateway: Arc<Gateway>, listener: TcpListener) {
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                 let gateway = gateway.clone();
                 async move {
-                    let mut response = Response::new(Full::new(Bytes::new()));
                     if request.method() == Method::GET && request.uri().path() == "/metrics" {
-                        *response.body_mut() =
-                            Full::new(Bytes::from(gateway.metrics.render(&gateway)));
-                        response.headers_mut().insert(
-                            hyper::header::CONTENT_TYPE,
-                            hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
-                        );
-                    } else {
-                        *response.status_mut() = StatusCode::NOT_FOUND;
+                        return Ok::<_, Infallible>(response(&gateway));
                     }
-                    Ok::<_, Infallible>(response)
+                    let mut not_found = Response::new(Full::new(Bytes::new()));
+                    *not_found.status_mut() = StatusCode::NOT_FOUND;
+                    Ok(not_found)
                 }
             });
             let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);

@@ -195,10 +195,8 @@ fn tools_by_name(
     principal: &str,
     now: jiff::Timestamp,
 ) -> BTreeMap<String, Value> {
-    let tools = crate::tools::descriptors(policy, principal, now);
-    tools
+    crate::tools::descriptors(policy, principal, now)
         .into_iter()
-        .map(|t| (t["name"].as_str().unwrap_or_default().to_string(), t))
         .collect()
 }
 

@@ -89,19 +89,22 @@ fn invalid(message: impl Into<String>) -> ErrorBody {
 /// `tool.list`: the descriptors of the tools the principal may call.
 fn list(call: &Call) -> Value {
     let policy = call.gateway.current_policy();
-    let tools = descriptors(&policy, &call.principal, jiff::Timestamp::now());
+    let tools: Vec<Value> = descriptors(&policy, &call.principal, jiff::Timestamp::now())
+        .into_iter()
+        .map(|(_, descriptor)| descriptor)
+        .collect();
     json!({"tools": tools, "generation": policy.generation})
 }
 
-/// The descriptors of the tools `principal` may call now, in the policy's
-/// order, with the approval each needs. A session keeps the last set it saw and tells
+/// The tools `principal` may call now, by name and descriptor, in the
+/// policy's order, with the approval each needs. A session keeps the last set it saw and tells
 /// the client what a reload changed (`tool.registered` /
 /// `tool.unregistered`).
 pub fn descriptors(
     policy: &portcullis_policy::Policy,
     principal: &str,
     now: jiff::Timestamp,
-) -> Vec<Value> {
+) -> Vec<(String, Value)> {
     policy
         .tools
         .iter()
@@ -117,14 +120,15 @@ pub fn descriptors(
                 Verdict::RequireApproval(p) => p.as_str(),
                 Verdict::Deny(_) => return None,
             };
-            Some(json!({
+            let descriptor = json!({
                 "name": tool.name,
                 "title": tool.title,
                 "description": tool.description,
                 "input_schema": tool.input_schema,
                 "risk": tool.risk,
                 "approval_policy": approval,
-            }))
+            });
+            Some((tool.name.clone(), descriptor))
         })
         .collect()
 }
