@@ -188,6 +188,14 @@ async fn follow(
         result = process.exited() => result,
         () = call.cancel.cancelled() => return Err(let_go(call, process, owner, false)),
     };
+    // The keeper may stop a revoked process before the session marks this
+    // request revoked: the answer is the same either way.
+    if owner && process.stop_reason() == Some(StopReason::Revoked) {
+        return Err(ErrorBody::new(
+            ErrorCode::PermissionDenied,
+            "the policy no longer allows this request; it was stopped",
+        ));
+    }
     result["process_id"] = json!(process.id);
     result["stdout_bytes"] = json!(process.output.written(Channel::Stdout));
     result["stderr_bytes"] = json!(process.output.written(Channel::Stderr));
@@ -384,11 +392,17 @@ pub async fn signal(call: Call) -> Result<Value, ErrorBody> {
         .and_then(Signal::from_named_raw)
         .ok_or_else(|| invalid(format!("signal `{bare}`: one of {}", SENDABLE.join(", "))))?;
     let process = process::find(&call.principal, &p.process_id)?;
+    // Until the launcher has made its process group (`setsid`, its first
+    // step) the group does not exist: the signal goes to the launcher then.
     let sent = process.running()
         && process
             .pid
             .and_then(rustix::process::Pid::from_raw)
-            .is_some_and(|pid| rustix::process::kill_process_group(pid, signal).is_ok());
+            .is_some_and(|pid| {
+                rustix::process::kill_process_group(pid, signal)
+                    .or_else(|_| rustix::process::kill_process(pid, signal))
+                    .is_ok()
+            });
     Ok(json!({"process_id": p.process_id, "signal": p.signal, "sent": sent}))
 }
 
