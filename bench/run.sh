@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Builds the release binaries and runs the benchmark harness from the
+# repository root; any arguments go to portcullis-bench (--help lists them).
+#
+#   bash bench/run.sh --install-ssh     # the full run: writes bench/RESULTS.md and bench/chart.svg
+#   bash bench/run.sh --quick           # small sizes: checks the harness works (about a minute)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --locked -p portcullis -p portcullis-bench --bins
+exec target/release/portcullis-bench "$@"

@@ -1,0 +1,151 @@
+//! A portcullis gateway for the benchmarks: the release binary beside this
+//! one, on 127.0.0.1, with a bench policy (one principal; a read-write
+//! root; `/bin/true` under the default sandbox, network denied) and limits
+//! raised for 10,000 sessions.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use portcullis::client::{Client, ClientError, ClientOptions};
+use portcullis_crypto::{PublicKey, StaticKeypair};
+
+pub struct Gateway {
+    child: Child,
+    pub url: String,
+    pub key: PublicKey,
+    pub identity: StaticKeypair,
+    /// The client's key file (for the CLI).
+    pub identity_file: PathBuf,
+    /// The root's directory on disk (virtual root id `work`).
+    pub root: PathBuf,
+    pub dir: PathBuf,
+}
+
+/// The `portcullis` binary built beside this one.
+pub fn binary() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
+    let dir = exe.parent().ok_or("this binary has no directory")?;
+    let bin = dir.join("portcullis");
+    match bin.is_file() && dir.join("portcullis-sandbox").is_file() {
+        true => Ok(bin),
+        false => Err(format!(
+            "{} and portcullis-sandbox are not built; run bench/run.sh (it builds them)",
+            bin.display()
+        )),
+    }
+}
+
+impl Gateway {
+    pub fn start(dir: &Path) -> Result<Self, String> {
+        let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+        std::fs::create_dir_all(dir.join("root")).map_err(|e| fail("the bench directory", &e))?;
+        let gateway_key = portcullis::keyfile::generate(&dir.join("gateway.key"), true)
+            .map_err(|e| fail("the gateway key", &e))?;
+        let identity_file = dir.join("client.key");
+        let identity = portcullis::keyfile::generate(&identity_file, true)
+            .map_err(|e| fail("the client key", &e))?;
+        let root = dir.join("root");
+        let policy = format!(
+            r#"[[principal]]
+id = "bench"
+public_key = "{client}"
+
+[[root]]
+id = "work"
+path = "{root}"
+virtual_path = "/work"
+
+[[grant]]
+id = "bench"
+principals = ["bench"]
+resources = {{}}
+fileops = {{ work = "rw" }}
+
+[grant.shell]
+commands = ["/bin/true"]
+cwd_roots = ["work"]
+max_processes = 512
+"#,
+            client = identity.public().to_base64(),
+            root = root.display(),
+        );
+        std::fs::write(dir.join("policy.toml"), policy).map_err(|e| fail("the policy", &e))?;
+        std::fs::write(
+            dir.join("portcullis.toml"),
+            "listen = [\"127.0.0.1:0\"]\nkey_file = \"gateway.key\"\npolicy = \"policy.toml\"\n\
+             state_dir = \"state\"\nadmin_socket = \"admin.sock\"\n\n[limits]\n\
+             max_connections = 12000\nmax_sessions_per_principal = 12000\nmax_in_flight = 64\n\
+             idle_timeout = \"10m\"\nhandshake_timeout = \"60s\"\n",
+        )
+        .map_err(|e| fail("the config", &e))?;
+        let mut child = Command::new(binary()?)
+            .args(["serve", "--config"])
+            .arg(dir.join("portcullis.toml"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("gateway.log")).map_err(|e| fail("log", &e))?)
+            .spawn()
+            .map_err(|e| fail("starting the gateway", &e))?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().ok_or("the gateway's stdout")?;
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .map_err(|e| fail("the gateway's first line", &e))?;
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            return Err(format!(
+                "the gateway did not start (see {})",
+                dir.join("gateway.log").display()
+            ));
+        };
+        Ok(Self {
+            url: format!("ws://{addr}"),
+            child,
+            key: *gateway_key.public(),
+            identity,
+            identity_file,
+            root,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A new authenticated session that has accepted every capability.
+    pub async fn session(&self) -> Result<Client, ClientError> {
+        let client = Client::connect(ClientOptions::new(
+            &self.url,
+            self.key,
+            self.identity.clone(),
+        ))
+        .await?;
+        client.accept_all().await?;
+        Ok(client)
+    }
+
+    /// `portcullis VERB URL --gateway-key … --identity …`, then `rest`.
+    pub fn cli(&self, verb: &str) -> Result<Command, String> {
+        let mut command = Command::new(binary()?);
+        command
+            .arg(verb)
+            .arg(&self.url)
+            .arg("--gateway-key")
+            .arg(self.key.to_base64())
+            .arg("--identity")
+            .arg(&self.identity_file)
+            .env("XDG_CONFIG_HOME", self.dir.join("config"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        Ok(command)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

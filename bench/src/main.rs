@@ -1,0 +1,197 @@
+//! `portcullis-bench`: portcullis side by side with OpenSSH on this
+//! machine, in one run, and the scale test. See `bench/README.md`; run it
+//! with `bash bench/run.sh`, which builds what it needs first.
+//!
+//! Everything listens on 127.0.0.1 and is stopped by PID when the run ends.
+//! Figures are reported, never asserted: the exit status is non-zero only
+//! when something failed (a request, a transfer whose copy differs, the
+//! scale test's error count).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+mod gateway;
+mod measure;
+mod report;
+mod rows;
+mod scale;
+mod sftp;
+mod sshd;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "portcullis beside OpenSSH on this machine, and at scale"
+)]
+pub struct Args {
+    /// Rounds per comparison (each alternates portcullis and OpenSSH).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Size of the bulk-transfer file in MiB.
+    #[arg(long, default_value_t = 1024)]
+    bulk_mib: u64,
+    /// Round trips per round for the latency rows.
+    #[arg(long, default_value_t = 200)]
+    samples: usize,
+    /// Idle-session counts compared with sshd (the gateway alone gets
+    /// --gateway-sessions as well).
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    sessions: Vec<usize>,
+    #[arg(long, default_value_t = 10_000)]
+    gateway_sessions: usize,
+    /// Seconds per concurrency level for requests per second.
+    #[arg(long, default_value_t = 3.0)]
+    request_seconds: f64,
+    /// The scale test: sessions, seconds, and each session's pause between
+    /// requests (ms).
+    #[arg(long, default_value_t = 1000)]
+    scale_sessions: usize,
+    #[arg(long, default_value_t = 60)]
+    scale_seconds: u64,
+    #[arg(long, default_value_t = 250)]
+    scale_pause_ms: u64,
+    /// Small sizes everywhere: checks that the harness works (CI), not a
+    /// measurement.
+    #[arg(long)]
+    quick: bool,
+    /// Only these parts (default: all of them).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    only: Vec<Part>,
+    /// Install openssh-server with apt-get if it is missing.
+    #[arg(long)]
+    install_ssh: bool,
+    /// Where the results go (Markdown) and the chart (SVG).
+    #[arg(long, default_value = "bench/RESULTS.md")]
+    out: PathBuf,
+    #[arg(long, default_value = "bench/chart.svg")]
+    chart: PathBuf,
+    /// Working directory for files, keys and state (deleted at the end).
+    #[arg(long, default_value = "/var/tmp")]
+    work_dir: PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    Sessions,
+    Exec,
+    Connect,
+    Requests,
+    Bulk,
+    Scale,
+}
+
+impl Args {
+    fn wants(&self, part: Part) -> bool {
+        self.only.is_empty() || self.only.contains(&part)
+    }
+
+    fn shrink_for_quick(&mut self) {
+        if self.quick {
+            self.rounds = 1;
+            self.bulk_mib = 16;
+            self.samples = 20;
+            self.sessions = vec![20];
+            self.gateway_sessions = 50;
+            self.request_seconds = 0.5;
+            self.scale_sessions = 50;
+            self.scale_seconds = 5;
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let mut args = Args::parse();
+    args.shrink_for_quick();
+    raise_open_file_limit();
+    let work = args
+        .work_dir
+        .join(format!("portcullis-bench.{}", std::process::id()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(runtime) => runtime.block_on(run(&args, &work)),
+        Err(e) => Err(format!("the async runtime: {e}")),
+    };
+    let _ = std::fs::remove_dir_all(&work);
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("portcullis-bench: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
+    if args.install_ssh {
+        sshd::install()?;
+    }
+    let gateway = gateway::Gateway::start(&work.join("gateway"))?;
+    eprintln!("gateway on {} (pid {})", gateway.url, gateway.pid());
+    let mut results = report::Results::new(args);
+    let side_by_side = [
+        Part::Sessions,
+        Part::Exec,
+        Part::Connect,
+        Part::Requests,
+        Part::Bulk,
+    ];
+    if side_by_side.into_iter().any(|part| args.wants(part)) {
+        if !std::path::Path::new(sshd::SSHD).exists() {
+            return Err(format!(
+                "{} is missing: pass --install-ssh (or apt-get install -y openssh-server)",
+                sshd::SSHD
+            ));
+        }
+        let mut sshd = sshd::Sshd::start(&work.join("ssh"))?;
+        eprintln!("sshd on 127.0.0.1 (pid {})", sshd.pid());
+        results.openssh = format!("{}, cipher {}", sshd::version(), sshd.cipher());
+        if args.wants(Part::Sessions) {
+            rows::sessions(args, &gateway, &sshd, &mut results).await?;
+        }
+        if args.wants(Part::Exec) {
+            rows::exec(args, &gateway, &mut sshd, &mut results).await?;
+        }
+        if args.wants(Part::Connect) {
+            rows::connect(args, &gateway, &sshd, &mut results).await?;
+        }
+        if args.wants(Part::Requests) {
+            rows::requests(args, &gateway, &sshd, &mut results).await?;
+        }
+        if args.wants(Part::Bulk) {
+            rows::bulk(args, &gateway, &sshd, work, &mut results).await?;
+        }
+    }
+    drop(gateway);
+    if args.wants(Part::Scale) {
+        // The scale test runs on a gateway of its own, started fresh.
+        let scale_gateway = gateway::Gateway::start(&work.join("scale"))?;
+        results.scale = Some(scale::run(args, &scale_gateway).await?);
+    }
+    results.write(&args.out, &args.chart)?;
+    eprintln!("wrote {} and {}", args.out.display(), args.chart.display());
+    match results.scale.as_ref().map_or(0, |s| s.errors) {
+        0 => Ok(()),
+        n => Err(format!("the scale test saw {n} failed requests")),
+    }
+}
+
+/// 10,000 sessions need 10,000 sockets here and in the gateway (which
+/// inherits the limit).
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    limit.current = limit.maximum;
+    if let Err(e) = setrlimit(Resource::Nofile, limit) {
+        eprintln!("portcullis-bench: cannot raise the open-file limit: {e}");
+    }
+}
+
+/// Sleeps a little: lets a process settle before its memory is read.
+pub async fn settle() {
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+}

@@ -1,0 +1,203 @@
+//! Samples, their percentiles and spread over rounds, and what `/proc`
+//! says about a process (CPU time, RSS, PSS).
+
+use std::time::Duration;
+
+/// Latencies of one round.
+#[derive(Default)]
+pub struct Latencies(Vec<Duration>);
+
+impl Latencies {
+    pub fn push(&mut self, sample: Duration) {
+        self.0.push(sample);
+    }
+
+    pub fn extend(&mut self, other: Latencies) {
+        self.0.extend(other.0);
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The `q` quantile in milliseconds (nearest rank); 0 when empty.
+    pub fn quantile_ms(&mut self, q: f64) -> f64 {
+        if self.0.is_empty() {
+            return 0.0;
+        }
+        self.0.sort_unstable();
+        let rank = ((self.0.len() as f64 * q) as usize).min(self.0.len() - 1);
+        self.0[rank].as_secs_f64() * 1e3
+    }
+}
+
+/// One figure measured once per round: reported as the median and the
+/// range of the rounds.
+#[derive(Clone, Default)]
+pub struct Spread(Vec<f64>);
+
+impl Spread {
+    pub fn push(&mut self, value: f64) {
+        self.0.push(value);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn median(&self) -> f64 {
+        let mut sorted = self.0.clone();
+        sorted.sort_by(f64::total_cmp);
+        match sorted.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => sorted[n / 2],
+            n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+        }
+    }
+
+    /// `median [min–max]`, or the single value, with `decimals`.
+    pub fn show(&self, decimals: usize) -> String {
+        if self.0.is_empty() {
+            return "–".into();
+        }
+        let min = self.0.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = self.0.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        match self.0.len() {
+            1 => format!("{:.*}", decimals, self.0[0]),
+            _ => format!(
+                "{:.*} [{:.*}–{:.*}]",
+                decimals,
+                self.median(),
+                decimals,
+                min,
+                decimals,
+                max
+            ),
+        }
+    }
+}
+
+/// CPU time a process has used: its own (user + system), and that of the
+/// children it has waited for.
+pub fn cpu_seconds(pid: u32, with_children: bool) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // `pid (comm) state ppid …`; utime is field 14, cstime field 17.
+    let Some(after_comm) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return 0.0;
+    };
+    let fields: Vec<f64> = after_comm
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    let ticks = rustix::param::clock_ticks_per_second() as f64;
+    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0.0);
+    let own = field(14) + field(15);
+    let children = if with_children {
+        field(16) + field(17)
+    } else {
+        0.0
+    };
+    (own + children) / ticks
+}
+
+/// A `/proc/PID/status` or `smaps_rollup` field in KiB.
+fn kib(file: &str, pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn rss_kib(pid: u32) -> u64 {
+    kib("status", pid, "VmRSS:")
+}
+
+pub fn pss_kib(pid: u32) -> u64 {
+    kib("smaps_rollup", pid, "Pss:")
+}
+
+/// `pid` and all its descendants.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+            let ppid = stat[stat.rfind(')')? + 2..].split_whitespace().nth(1)?;
+            Some((child, ppid.parse().ok()?))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        i += 1;
+    }
+    tree
+}
+
+/// Processes whose command line contains every one of `needles`.
+pub fn processes_with(needles: &[&str]) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            needles.iter().all(|n| cmdline.contains(n)).then_some(pid)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_pick_the_nearest_rank() {
+        let mut l = Latencies::default();
+        for ms in 1..=100 {
+            l.push(Duration::from_millis(ms));
+        }
+        assert_eq!(l.quantile_ms(0.5), 51.0);
+        assert_eq!(l.quantile_ms(0.99), 100.0);
+        assert_eq!(Latencies::default().quantile_ms(0.5), 0.0);
+    }
+
+    #[test]
+    fn a_spread_shows_its_median_and_range() {
+        let mut s = Spread::default();
+        assert_eq!(s.show(1), "–");
+        s.push(3.0);
+        assert_eq!(s.show(1), "3.0");
+        s.push(1.0);
+        s.push(2.0);
+        assert_eq!(s.show(1), "2.0 [1.0–3.0]");
+        s.push(4.0);
+        assert_eq!(s.median(), 2.5);
+    }
+
+    #[test]
+    fn this_process_uses_cpu_and_memory() {
+        let pid = std::process::id();
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < Duration::from_millis(30) {}
+        assert!(cpu_seconds(pid, false) > 0.0);
+        assert!(rss_kib(pid) > 0);
+        assert_eq!(process_tree(pid)[0], pid);
+    }
+}

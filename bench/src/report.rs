@@ -1,0 +1,368 @@
+//! `bench/RESULTS.md` and the chart: what was measured, on what machine,
+//! when, with which command.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::Args;
+use crate::measure::Spread;
+use crate::scale::ScaleResult;
+
+#[derive(Clone, Copy)]
+pub enum Better {
+    Lower,
+    Higher,
+}
+
+/// One line of the table: a figure for portcullis beside OpenSSH's.
+pub struct Row {
+    pub section: &'static str,
+    pub what: String,
+    pub unit: &'static str,
+    pub ours: Spread,
+    pub theirs: Spread,
+    pub better: Better,
+    pub decimals: usize,
+    pub note: String,
+}
+
+impl Row {
+    pub fn new(
+        section: &'static str,
+        what: String,
+        unit: &'static str,
+        ours: Spread,
+        theirs: Spread,
+        better: Better,
+        decimals: usize,
+    ) -> Self {
+        Self {
+            section,
+            what,
+            unit,
+            ours,
+            theirs,
+            better,
+            decimals,
+            note: String::new(),
+        }
+    }
+
+    /// How many times better portcullis is (below 1: worse), when both
+    /// sides were measured.
+    fn advantage(&self) -> Option<f64> {
+        if self.ours.is_empty() || self.theirs.is_empty() {
+            return None;
+        }
+        let (ours, theirs) = (self.ours.median(), self.theirs.median());
+        let ratio = match self.better {
+            Better::Lower => theirs / ours,
+            Better::Higher => ours / theirs,
+        };
+        ratio.is_finite().then_some(ratio)
+    }
+}
+
+/// Requests per second and latency at one concurrency, both sides.
+#[derive(Default)]
+pub struct Concurrency {
+    pub level: usize,
+    pub ours_rate: Spread,
+    pub ours_p50: Spread,
+    pub ours_p99: Spread,
+    pub theirs_rate: Spread,
+    pub theirs_p50: Spread,
+    pub theirs_p99: Spread,
+}
+
+pub struct Results {
+    command: String,
+    rounds: usize,
+    pub openssh: String,
+    pub rows: Vec<Row>,
+    pub concurrency: Vec<Concurrency>,
+    pub scale: Option<ScaleResult>,
+}
+
+fn shell(command: &str, args: &[&str]) -> String {
+    std::process::Command::new(command)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+impl Results {
+    pub fn new(args: &Args) -> Self {
+        let given: Vec<String> = std::env::args().skip(1).collect();
+        Self {
+            command: format!("bash bench/run.sh {}", given.join(" "))
+                .trim()
+                .to_string(),
+            rounds: args.rounds,
+            openssh: String::new(),
+            rows: Vec::new(),
+            concurrency: Vec::new(),
+            scale: None,
+        }
+    }
+
+    pub fn write(&self, out: &Path, chart: &Path) -> Result<(), String> {
+        let mut md = String::new();
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+            .unwrap_or_default();
+        let memory = std::fs::read_to_string("/proc/meminfo")
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<f64>()
+                    .unwrap_or(0.0)
+                    / 1048576.0
+            })
+            .unwrap_or(0.0);
+        let _ = writeln!(md, "# portcullis beside OpenSSH: results\n");
+        let _ = writeln!(
+            md,
+            "Produced by `{}` (see `bench/README.md`); every figure below is from that one run.\n",
+            self.command
+        );
+        let _ = writeln!(
+            md,
+            "- date: {}",
+            shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+        );
+        let _ = writeln!(
+            md,
+            "- machine: {} CPUs ({cpu}), {memory:.1} GiB, kernel {}, {}",
+            shell("nproc", &[]),
+            shell("uname", &["-r"]),
+            shell("sh", &["-c", ". /etc/os-release && echo $PRETTY_NAME"])
+        );
+        let _ = writeln!(
+            md,
+            "- portcullis: {} (release build)",
+            shell("git", &["describe", "--always", "--dirty"])
+        );
+        let _ = writeln!(md, "- OpenSSH: {}", self.openssh);
+        let _ = writeln!(
+            md,
+            "- both servers, the clients and this harness share the machine; everything on 127.0.0.1"
+        );
+        let _ = writeln!(
+            md,
+            "\nEach cell is the median of {} rounds with the range in brackets (one value: one round). \"advantage\" is how many times better portcullis is than OpenSSH on that row (below 1×: worse).\n",
+            self.rounds
+        );
+        let mut section = "";
+        for row in &self.rows {
+            if row.section != section {
+                section = row.section;
+                let _ = writeln!(md, "\n## {section}\n");
+                let _ = writeln!(md, "| | unit | portcullis | OpenSSH | advantage | |");
+                let _ = writeln!(md, "|---|---|---|---|---|---|");
+            }
+            let advantage = row.advantage().map_or("–".into(), |a| format!("{a:.2}×"));
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} |",
+                row.what,
+                row.unit,
+                row.ours.show(row.decimals),
+                row.theirs.show(row.decimals),
+                advantage,
+                row.note
+            );
+        }
+        if !self.concurrency.is_empty() {
+            self.chart(chart)?;
+            let name = chart.file_name().unwrap_or_default().to_string_lossy();
+            let _ = writeln!(
+                md,
+                "\n![requests per second and latency against requests in flight]({name})\n"
+            );
+        }
+        md.push_str(&self.scale_section());
+        std::fs::write(out, md).map_err(|e| format!("{}: {e}", out.display()))
+    }
+
+    fn scale_section(&self) -> String {
+        let Some(scale) = &self.scale else {
+            return String::new();
+        };
+        let mut md = String::new();
+        let _ = writeln!(md, "\n## Scale test\n");
+        let _ = writeln!(
+            md,
+            "{} sessions at once for {} s, each sending one request after another with a {} ms pause: {} (portcullis only).\n",
+            scale.sessions, scale.seconds, scale.pause_ms, scale.mix
+        );
+        let _ = writeln!(
+            md,
+            "**{} requests, {} failed**; {:.0} requests/s overall.\n",
+            scale.requests,
+            scale.errors,
+            scale.requests as f64 / scale.seconds as f64
+        );
+        for error in &scale.first_errors {
+            let _ = writeln!(md, "- failed: {error}");
+        }
+        let _ = writeln!(
+            md,
+            "| seconds | requests | requests/s | p50 ms | p99 ms | gateway RSS MiB |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|");
+        for w in &scale.windows {
+            let _ = writeln!(
+                md,
+                "| {}–{} | {} | {:.0} | {:.2} | {:.2} | {:.1} |",
+                w.from,
+                w.to,
+                w.requests,
+                w.requests as f64 / (w.to - w.from) as f64,
+                w.p50,
+                w.p99,
+                w.rss_kib as f64 / 1024.0
+            );
+        }
+        let _ = writeln!(md, "\n| request | count | p50 ms | p99 ms |");
+        let _ = writeln!(md, "|---|---|---|---|");
+        for (name, count, p50, p99) in &scale.by_kind {
+            let _ = writeln!(md, "| {name} | {count} | {p50:.2} | {p99:.2} |");
+        }
+        let _ = writeln!(
+            md,
+            "\nGateway RSS: {:.1} MiB before the sessions connected, {:.1} MiB with all connected, {:.1} MiB at the end.",
+            scale.rss_before_kib as f64 / 1024.0,
+            scale.rss_connected_kib as f64 / 1024.0,
+            scale.rss_end_kib as f64 / 1024.0
+        );
+        md
+    }
+
+    /// Two panels: requests per second, and p50/p99 latency, against the
+    /// requests in flight.
+    fn chart(&self, path: &Path) -> Result<(), String> {
+        use plotters::prelude::*;
+        let error = |e: &dyn std::fmt::Display| format!("the chart: {e}");
+        let root = SVGBackend::new(path, (1000, 420)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| error(&e))?;
+        let (left, right) = root.split_horizontally(500);
+        let levels: Vec<f64> = self.concurrency.iter().map(|c| c.level as f64).collect();
+        let x_range = (1f64..levels.last().copied().unwrap_or(256.0).max(2.0)).log_scale();
+        let blue = RGBColor(31, 119, 180);
+        let orange = RGBColor(255, 127, 14);
+        let points = |pick: fn(&Concurrency) -> &Spread| -> Vec<(f64, f64)> {
+            self.concurrency
+                .iter()
+                .map(|c| (c.level as f64, pick(c).median()))
+                .collect()
+        };
+
+        let rates = [
+            (
+                "portcullis (audited file.stat)",
+                blue,
+                points(|c| &c.ours_rate),
+            ),
+            ("OpenSSH (SFTP STAT)", orange, points(|c| &c.theirs_rate)),
+        ];
+        let top = rates
+            .iter()
+            .flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y))
+            .fold(1.0, f64::max);
+        let mut chart = ChartBuilder::on(&left)
+            .caption("Small requests per second", ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x_range.clone(), 0f64..top * 1.15)
+            .map_err(|e| error(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("requests in flight")
+            .y_desc("requests / s")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()
+            .map_err(|e| error(&e))?;
+        for (label, color, series) in rates {
+            chart
+                .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))
+                .map_err(|e| error(&e))?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(series.iter().map(|p| Circle::new(*p, 4, color.filled())))
+                .map_err(|e| error(&e))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.9))
+            .draw()
+            .map_err(|e| error(&e))?;
+
+        let latencies = [
+            ("portcullis p50", blue, false, points(|c| &c.ours_p50)),
+            ("portcullis p99", blue, true, points(|c| &c.ours_p99)),
+            ("OpenSSH p50", orange, false, points(|c| &c.theirs_p50)),
+            ("OpenSSH p99", orange, true, points(|c| &c.theirs_p99)),
+        ];
+        let values = latencies
+            .iter()
+            .flat_map(|(_, _, _, p)| p.iter().map(|(_, y)| *y));
+        let (low, high) = values.fold((f64::INFINITY, 0.01f64), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+        let low = if low.is_finite() && low > 0.0 {
+            low / 2.0
+        } else {
+            0.01
+        };
+        let mut chart = ChartBuilder::on(&right)
+            .caption("Latency (log scale)", ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x_range, (low..high * 2.0).log_scale())
+            .map_err(|e| error(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("requests in flight")
+            .y_desc("ms")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()
+            .map_err(|e| error(&e))?;
+        for (label, color, dashed, series) in latencies {
+            let style = color.stroke_width(if dashed { 1 } else { 2 });
+            chart
+                .draw_series(LineSeries::new(series.clone(), style))
+                .map_err(|e| error(&e))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+            chart
+                .draw_series(series.iter().map(|p| Circle::new(*p, 3, color.filled())))
+                .map_err(|e| error(&e))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.9))
+            .draw()
+            .map_err(|e| error(&e))?;
+        root.present().map_err(|e| error(&e))
+    }
+}

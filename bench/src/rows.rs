@@ -1,0 +1,655 @@
+//! The side-by-side measurements. Each takes several rounds; inside a
+//! round portcullis and OpenSSH take turns, so both see the same machine.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::task::JoinSet;
+
+use crate::gateway::Gateway;
+use crate::measure::{self, Latencies, Spread};
+use crate::report::{Better, Concurrency, Results, Row};
+use crate::sftp::Sftp;
+use crate::sshd::Sshd;
+use crate::{Args, settle};
+
+/// Runs `command` to its end; its time.
+async fn timed(command: Command) -> Result<Duration, String> {
+    let what = format!("{:?}", command.get_program());
+    let mut command = tokio::process::Command::from(command);
+    let started = Instant::now();
+    let status = command.status().await.map_err(|e| format!("{what}: {e}"))?;
+    let took = started.elapsed();
+    match status.success() {
+        true => Ok(took),
+        false => Err(format!("{what}: {status}")),
+    }
+}
+
+fn ssh_true(mut ssh: Command) -> Command {
+    ssh.arg("true");
+    ssh
+}
+
+/// Idle authenticated sessions: the server's memory per session and its
+/// CPU time per session opened and closed (handshake, authentication,
+/// teardown).
+pub async fn sessions(
+    args: &Args,
+    gateway: &Gateway,
+    sshd: &Sshd,
+    results: &mut Results,
+) -> Result<(), String> {
+    for &count in &args.sessions {
+        // A thousand sessions take minutes with sshd: those are one round.
+        let rounds = if count > 200 { 1 } else { args.rounds };
+        let [mut our_memory, mut our_cpu, mut ssh_memory, mut ssh_cpu]: [Spread; 4] =
+            Default::default();
+        for round in 0..rounds {
+            eprintln!("idle sessions: {count}, round {}", round + 1);
+            let (kib, cpu) = gateway_sessions(gateway, count).await?;
+            our_memory.push(kib);
+            our_cpu.push(cpu);
+            let (kib, cpu) = sshd_sessions(sshd, count).await?;
+            ssh_memory.push(kib);
+            ssh_cpu.push(cpu);
+        }
+        results.rows.push(Row::new(
+            "Sessions",
+            format!("memory per idle session, {count} sessions (gateway RSS growth; sshd PSS)"),
+            "KiB",
+            our_memory,
+            ssh_memory,
+            Better::Lower,
+            1,
+        ));
+        results.rows.push(Row::new(
+            "Sessions",
+            format!(
+                "server CPU per session: connect, handshake, authenticate, close ({count} sessions)"
+            ),
+            "ms",
+            our_cpu,
+            ssh_cpu,
+            Better::Lower,
+            2,
+        ));
+    }
+    let count = args.gateway_sessions;
+    eprintln!("idle sessions: {count}, the gateway alone");
+    let (kib, cpu) = gateway_sessions(gateway, count).await?;
+    let (mut memory, mut time) = (Spread::default(), Spread::default());
+    memory.push(kib);
+    time.push(cpu);
+    let what = format!("memory per idle session, {count} sessions (gateway only)");
+    results.rows.push(Row::new(
+        "Sessions",
+        what,
+        "KiB",
+        memory,
+        Spread::default(),
+        Better::Lower,
+        1,
+    ));
+    let what = format!("server CPU per session ({count} sessions, gateway only)");
+    results.rows.push(Row::new(
+        "Sessions",
+        what,
+        "ms",
+        time,
+        Spread::default(),
+        Better::Lower,
+        2,
+    ));
+    Ok(())
+}
+
+/// Opens `count` sessions (16 at a time), reads the gateway's RSS, closes
+/// them: (KiB per session, CPU ms per session).
+async fn gateway_sessions(gateway: &Gateway, count: usize) -> Result<(f64, f64), String> {
+    let pid = gateway.pid();
+    settle().await;
+    let (rss_before, cpu_before) = (measure::rss_kib(pid), measure::cpu_seconds(pid, false));
+    let mut open = Vec::with_capacity(count);
+    while open.len() < count {
+        let mut batch = JoinSet::new();
+        for _ in 0..16.min(count - open.len()) {
+            let (url, key, identity) = (gateway.url.clone(), gateway.key, gateway.identity.clone());
+            batch.spawn(async move {
+                let options = portcullis::client::ClientOptions::new(&url, key, identity);
+                let client = portcullis::client::Client::connect(options).await?;
+                client.accept_all().await.map(|()| client)
+            });
+        }
+        while let Some(joined) = batch.join_next().await {
+            let client = joined
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("a session: {e}"))?;
+            open.push(client);
+        }
+    }
+    settle().await;
+    let rss_after = measure::rss_kib(pid);
+    drop(open);
+    settle().await;
+    let cpu = measure::cpu_seconds(pid, false) - cpu_before;
+    let kib = rss_after.saturating_sub(rss_before) as f64 / count as f64;
+    Ok((kib, cpu * 1e3 / count as f64))
+}
+
+/// The same with `ssh -f -N` (authenticated, no command, in the
+/// background): (KiB of PSS per session, CPU ms per session, counting the
+/// per-connection processes sshd reaped).
+async fn sshd_sessions(sshd: &Sshd, count: usize) -> Result<(f64, f64), String> {
+    let pss = |sshd: &Sshd| -> u64 { sshd.processes().iter().map(|p| measure::pss_kib(*p)).sum() };
+    sshd.wait_for_connections(0, Duration::from_secs(30));
+    let (pss_before, cpu_before) = (pss(sshd), measure::cpu_seconds(sshd.pid(), true));
+    // The marker finds the background clients again to stop them.
+    let marker = "ServerAliveInterval=1799";
+    let mut opened = 0;
+    while opened < count {
+        let mut batch = JoinSet::new();
+        for _ in 0..8.min(count - opened) {
+            let mut ssh = sshd.ssh();
+            ssh.args(["-f", "-N", "-o", marker]);
+            batch.spawn(timed(ssh));
+        }
+        while let Some(joined) = batch.join_next().await {
+            joined.map_err(|e| e.to_string())??;
+            opened += 1;
+        }
+    }
+    settle().await;
+    let pss_after = pss(sshd);
+    let dir = sshd.dir().display().to_string();
+    for pid in measure::processes_with(&[marker, &dir]) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+    sshd.wait_for_connections(0, Duration::from_secs(60));
+    let cpu = measure::cpu_seconds(sshd.pid(), true) - cpu_before;
+    let kib = pss_after.saturating_sub(pss_before) as f64 / count as f64;
+    Ok((kib, cpu * 1e3 / count as f64))
+}
+
+/// `true` on an open session: `shell.exec` on a portcullis session beside
+/// `ssh` over a ControlMaster connection, and the local spawn floor.
+pub async fn exec(
+    args: &Args,
+    gateway: &Gateway,
+    sshd: &mut Sshd,
+    results: &mut Results,
+) -> Result<(), String> {
+    let client = gateway.session().await.map_err(|e| e.to_string())?;
+    let exec = json!({"command": ["/bin/true"]});
+    let mut figures: [Spread; 6] = Default::default();
+    for round in 0..args.rounds {
+        eprintln!("exec true on an open session, round {}", round + 1);
+        let mut ours = Latencies::default();
+        for _ in 0..args.samples {
+            let started = Instant::now();
+            let result = client
+                .request("shell.exec", exec.clone())
+                .await
+                .map_err(|e| format!("shell.exec: {e}"))?;
+            ours.push(started.elapsed());
+            if result["exit_code"] != 0 {
+                return Err(format!("shell.exec /bin/true: {result}"));
+            }
+        }
+        let mut theirs = Latencies::default();
+        for _ in 0..args.samples {
+            theirs.push(timed(ssh_true(sshd.ssh_muxed()?)).await?);
+        }
+        let mut floor = Latencies::default();
+        for _ in 0..args.samples {
+            floor.push(timed(Command::new("/bin/true")).await?);
+        }
+        for (i, latencies) in [ours, theirs, floor].iter_mut().enumerate() {
+            figures[i * 2].push(latencies.quantile_ms(0.5));
+            figures[i * 2 + 1].push(latencies.quantile_ms(0.99));
+        }
+    }
+    let [ours50, ours99, theirs50, theirs99, floor50, floor99] = figures;
+    let what =
+        "exec `true` on an open session (portcullis: shell.exec, sandboxed; ssh: ControlMaster)";
+    results.rows.push(Row::new(
+        "Commands",
+        format!("{what}, p50"),
+        "ms",
+        ours50,
+        theirs50,
+        Better::Lower,
+        2,
+    ));
+    results.rows.push(Row::new(
+        "Commands",
+        format!("{what}, p99"),
+        "ms",
+        ours99,
+        theirs99,
+        Better::Lower,
+        2,
+    ));
+    let mut floor = Row::new(
+        "Commands",
+        "local spawn floor: fork+exec /bin/true here, p50".into(),
+        "ms",
+        floor50,
+        Spread::default(),
+        Better::Lower,
+        2,
+    );
+    floor.note = format!("p99 {}", floor99.show(2));
+    results.rows.push(floor);
+    Ok(())
+}
+
+/// A new connection each time: connect, authenticate, exec `true`.
+pub async fn connect(
+    args: &Args,
+    gateway: &Gateway,
+    sshd: &Sshd,
+    results: &mut Results,
+) -> Result<(), String> {
+    let n = (args.samples / 4).max(5);
+    let exec = json!({"command": ["/bin/true"]});
+    let mut figures: [Spread; 6] = Default::default();
+    for round in 0..args.rounds {
+        eprintln!("connect + exec true, round {}", round + 1);
+        let mut library = Latencies::default();
+        for _ in 0..n {
+            let started = Instant::now();
+            let client = gateway.session().await.map_err(|e| e.to_string())?;
+            client
+                .request("shell.exec", exec.clone())
+                .await
+                .map_err(|e| format!("shell.exec: {e}"))?;
+            library.push(started.elapsed());
+        }
+        let mut cli = Latencies::default();
+        for _ in 0..n {
+            let mut command = gateway.cli("exec")?;
+            command.args(["--", "/bin/true"]);
+            cli.push(timed(command).await?);
+        }
+        let mut theirs = Latencies::default();
+        for _ in 0..n {
+            theirs.push(timed(ssh_true(sshd.ssh())).await?);
+        }
+        for (i, latencies) in [library, cli, theirs].iter_mut().enumerate() {
+            figures[i * 2].push(latencies.quantile_ms(0.5));
+            figures[i * 2 + 1].push(latencies.quantile_ms(0.99));
+        }
+    }
+    let [lib50, lib99, cli50, cli99, ssh50, ssh99] = figures;
+    let section = "Commands";
+    let cli_what = "connect + authenticate + exec `true`, new connection (portcullis: the `portcullis exec` CLI; ssh: `ssh host true`)";
+    results.rows.push(Row::new(
+        section,
+        format!("{cli_what}, p50"),
+        "ms",
+        cli50,
+        ssh50.clone(),
+        Better::Lower,
+        2,
+    ));
+    results.rows.push(Row::new(
+        section,
+        format!("{cli_what}, p99"),
+        "ms",
+        cli99,
+        ssh99.clone(),
+        Better::Lower,
+        2,
+    ));
+    let lib_what = "the same from an agent runtime's process (portcullis: the client library; ssh: `ssh host true`)";
+    results.rows.push(Row::new(
+        section,
+        format!("{lib_what}, p50"),
+        "ms",
+        lib50,
+        ssh50,
+        Better::Lower,
+        2,
+    ));
+    results.rows.push(Row::new(
+        section,
+        format!("{lib_what}, p99"),
+        "ms",
+        lib99,
+        ssh99,
+        Better::Lower,
+        2,
+    ));
+    Ok(())
+}
+
+/// Small requests with 1, 16 and 256 in flight, spread over up to 16
+/// connections: portcullis `file.stat` (each answered once its audit entry
+/// is durable) beside SFTP `STAT` (not audited).
+pub async fn requests(
+    args: &Args,
+    gateway: &Gateway,
+    sshd: &Sshd,
+    results: &mut Results,
+) -> Result<(), String> {
+    std::fs::write(gateway.root.join("small.txt"), "hello\n").map_err(|e| e.to_string())?;
+    let small = gateway.root.join("small.txt").display().to_string();
+    let window = Duration::from_secs_f64(args.request_seconds);
+    for level in [1usize, 16, 256] {
+        let mut c = Concurrency {
+            level,
+            ..Default::default()
+        };
+        for round in 0..args.rounds {
+            eprintln!("requests, {level} in flight, round {}", round + 1);
+            let (rate, mut latencies) = portcullis_requests(gateway, level, window).await?;
+            c.ours_rate.push(rate);
+            c.ours_p50.push(latencies.quantile_ms(0.5));
+            c.ours_p99.push(latencies.quantile_ms(0.99));
+            let (rate, mut latencies) = sftp_requests(sshd, &small, level, window).await?;
+            c.theirs_rate.push(rate);
+            c.theirs_p50.push(latencies.quantile_ms(0.5));
+            c.theirs_p99.push(latencies.quantile_ms(0.99));
+        }
+        let section = "Small requests";
+        let what = |q: &str| {
+            format!(
+                "stat a file, {level} in flight: {q} (portcullis: audited file.stat; ssh: SFTP STAT)"
+            )
+        };
+        results.rows.push(Row::new(
+            section,
+            what("requests/s"),
+            "req/s",
+            c.ours_rate.clone(),
+            c.theirs_rate.clone(),
+            Better::Higher,
+            0,
+        ));
+        results.rows.push(Row::new(
+            section,
+            what("p50"),
+            "ms",
+            c.ours_p50.clone(),
+            c.theirs_p50.clone(),
+            Better::Lower,
+            3,
+        ));
+        results.rows.push(Row::new(
+            section,
+            what("p99"),
+            "ms",
+            c.ours_p99.clone(),
+            c.theirs_p99.clone(),
+            Better::Lower,
+            3,
+        ));
+        results.concurrency.push(c);
+    }
+    Ok(())
+}
+
+async fn portcullis_requests(
+    gateway: &Gateway,
+    level: usize,
+    window: Duration,
+) -> Result<(f64, Latencies), String> {
+    let mut sessions = Vec::new();
+    for _ in 0..level.min(16) {
+        sessions.push(Arc::new(
+            gateway.session().await.map_err(|e| e.to_string())?,
+        ));
+    }
+    let params = json!({"root_id": "work", "path": "small.txt"});
+    let deadline = Instant::now() + window;
+    let mut tasks = JoinSet::new();
+    for i in 0..level {
+        let (client, params) = (sessions[i % sessions.len()].clone(), params.clone());
+        tasks.spawn(async move {
+            let mut latencies = Latencies::default();
+            while Instant::now() < deadline {
+                let started = Instant::now();
+                client
+                    .request("file.stat", params.clone())
+                    .await
+                    .map_err(|e| format!("file.stat: {e}"))?;
+                latencies.push(started.elapsed());
+            }
+            Ok::<_, String>(latencies)
+        });
+    }
+    let started = Instant::now();
+    let mut all = Latencies::default();
+    while let Some(joined) = tasks.join_next().await {
+        all.extend(joined.map_err(|e| e.to_string())??);
+    }
+    Ok((all.len() as f64 / started.elapsed().as_secs_f64(), all))
+}
+
+async fn sftp_requests(
+    sshd: &Sshd,
+    path: &str,
+    level: usize,
+    window: Duration,
+) -> Result<(f64, Latencies), String> {
+    let connections = level.min(16);
+    let mut opened = Vec::new();
+    for _ in 0..connections {
+        opened.push(Sftp::open(sshd.ssh()).await?);
+    }
+    let deadline = Instant::now() + window;
+    let mut tasks = JoinSet::new();
+    for mut sftp in opened {
+        let path = path.to_string();
+        let window = level / connections;
+        tasks.spawn(async move { sftp.stat_until(&path, window, deadline).await });
+    }
+    let started = Instant::now();
+    let mut all = Latencies::default();
+    while let Some(joined) = tasks.join_next().await {
+        all.extend(joined.map_err(|e| e.to_string())??);
+    }
+    Ok((all.len() as f64 / started.elapsed().as_secs_f64(), all))
+}
+
+/// A file of `--bulk-mib` down and up: `portcullis get`/`put` beside `scp`
+/// and `ssh … cat`, with `cp` and `dd conv=fsync` for what the page cache
+/// and the disk allow. MB/s (10^6 bytes per second).
+pub async fn bulk(
+    args: &Args,
+    gateway: &Gateway,
+    sshd: &Sshd,
+    work: &std::path::Path,
+    results: &mut Results,
+) -> Result<(), String> {
+    let bytes = args.bulk_mib * 1024 * 1024;
+    let local = work.join("bulk");
+    std::fs::create_dir_all(&local).map_err(|e| e.to_string())?;
+    let source = local.join("source.bin");
+    let remote = gateway.root.join("source.bin");
+    make_file(&source, bytes)?;
+    std::fs::copy(&source, &remote).map_err(|e| e.to_string())?;
+    let path = |p: &std::path::Path| p.display().to_string();
+    let at_host = |p: &std::path::Path| format!("127.0.0.1:{}", p.display());
+
+    let mut transfers: Vec<Transfer> = Vec::new();
+    transfers.push((
+        "portcullis get",
+        Box::new(|| {
+            let mut c = gateway.cli("get")?;
+            c.arg("work:source.bin").arg(local.join("get.bin"));
+            Ok(c)
+        }),
+    ));
+    transfers.push((
+        "scp (download)",
+        Box::new(|| {
+            let mut c = sshd.scp();
+            c.arg(at_host(&remote)).arg(local.join("scp-down.bin"));
+            Ok(c)
+        }),
+    ));
+    transfers.push((
+        "ssh cat (download)",
+        Box::new(|| {
+            let mut c = sshd.ssh();
+            c.arg(format!("cat {}", path(&remote)));
+            let out =
+                std::fs::File::create(local.join("cat-down.bin")).map_err(|e| e.to_string())?;
+            c.stdout(out);
+            Ok(c)
+        }),
+    ));
+    transfers.push((
+        "portcullis put",
+        Box::new(|| {
+            let mut c = gateway.cli("put")?;
+            c.arg(&source).arg("work:put.bin");
+            Ok(c)
+        }),
+    ));
+    transfers.push((
+        "scp (upload)",
+        Box::new(|| {
+            let mut c = sshd.scp();
+            c.arg(&source)
+                .arg(at_host(&gateway.root.join("scp-up.bin")));
+            Ok(c)
+        }),
+    ));
+    transfers.push((
+        "ssh cat (upload)",
+        Box::new(|| {
+            let mut c = sshd.ssh();
+            c.arg(format!("cat > {}", path(&gateway.root.join("cat-up.bin"))));
+            c.stdin(std::fs::File::open(&source).map_err(|e| e.to_string())?);
+            Ok(c)
+        }),
+    ));
+    transfers.push((
+        "cp (page cache, no fsync)",
+        Box::new(|| {
+            let mut c = Command::new("cp");
+            c.arg(&source).arg(local.join("cp.bin"));
+            Ok(c)
+        }),
+    ));
+    transfers.push((
+        "dd conv=fsync (to disk)",
+        Box::new(|| {
+            let mut c = Command::new("dd");
+            c.arg(format!("if={}", path(&source)))
+                .arg(format!("of={}", path(&local.join("dd.bin"))))
+                .args(["bs=4M", "conv=fsync", "status=none"]);
+            Ok(c)
+        }),
+    ));
+    let mut rates: Vec<Spread> = vec![Spread::default(); transfers.len()];
+    // Round 0 warms the page cache and is not counted: a VM's first touch
+    // of fresh page-cache memory is several times slower than later ones.
+    for round in 0..=args.rounds {
+        eprintln!(
+            "bulk {} MiB, round {round}{}",
+            args.bulk_mib,
+            if round == 0 { " (warm-up)" } else { "" }
+        );
+        for (i, (_, command)) in transfers.iter().enumerate() {
+            timed(Command::new("sync")).await?;
+            let took = timed(command()?).await?;
+            if round > 0 {
+                rates[i].push(bytes as f64 / took.as_secs_f64() / 1e6);
+            }
+        }
+    }
+    for copy in [
+        local.join("get.bin"),
+        local.join("scp-down.bin"),
+        local.join("cat-down.bin"),
+        gateway.root.join("put.bin"),
+        gateway.root.join("scp-up.bin"),
+        gateway.root.join("cat-up.bin"),
+    ] {
+        let same = Command::new("cmp")
+            .arg("-s")
+            .arg(&source)
+            .arg(&copy)
+            .status();
+        if !same.is_ok_and(|s| s.success()) {
+            return Err(format!("{} differs from the source", copy.display()));
+        }
+    }
+    let rate = |name: &str| -> Spread {
+        let i = transfers.iter().position(|(n, _)| *n == name);
+        i.map(|i| rates[i].clone()).unwrap_or_default()
+    };
+    let section = "Bulk transfer";
+    let size = format!("{} MiB", args.bulk_mib);
+    for (what, ours, theirs) in [
+        (
+            "download to a file: `portcullis get` vs `scp`",
+            "portcullis get",
+            "scp (download)",
+        ),
+        (
+            "download to a file: `portcullis get` vs `ssh cat`",
+            "portcullis get",
+            "ssh cat (download)",
+        ),
+        (
+            "upload (the gateway fsyncs): `portcullis put` vs `scp`",
+            "portcullis put",
+            "scp (upload)",
+        ),
+        (
+            "upload (the gateway fsyncs): `portcullis put` vs `ssh cat`",
+            "portcullis put",
+            "ssh cat (upload)",
+        ),
+    ] {
+        results.rows.push(Row::new(
+            section,
+            format!("{size} {what}"),
+            "MB/s",
+            rate(ours),
+            rate(theirs),
+            Better::Higher,
+            0,
+        ));
+    }
+    for limit in ["cp (page cache, no fsync)", "dd conv=fsync (to disk)"] {
+        let what = format!("{size} physical limit: {limit}");
+        results.rows.push(Row::new(
+            section,
+            what,
+            "MB/s",
+            rate(limit),
+            Spread::default(),
+            Better::Higher,
+            0,
+        ));
+    }
+    Ok(())
+}
+
+/// A transfer's name, and how to make its command (afresh each round).
+type Transfer<'a> = (&'static str, Box<dyn Fn() -> Result<Command, String> + 'a>);
+
+/// `bytes` of random data (incompressible, like the worst case).
+fn make_file(path: &std::path::Path, bytes: u64) -> Result<(), String> {
+    let status = Command::new("head")
+        .arg("-c")
+        .arg(bytes.to_string())
+        .arg("/dev/urandom")
+        .stdout(std::fs::File::create(path).map_err(|e| e.to_string())?)
+        .status()
+        .map_err(|e| format!("head: {e}"))?;
+    match status.success() {
+        true => Ok(()),
+        false => Err(format!("head -c {bytes} /dev/urandom: {status}")),
+    }
+}

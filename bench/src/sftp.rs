@@ -1,0 +1,121 @@
+//! Just enough of an SFTP (version 3) client to send `STAT` requests with
+//! several in flight over one `ssh -s sftp` connection: OpenSSH's own small
+//! request, the counterpart of portcullis's `file.stat`.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Instant;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, BufReader, BufWriter};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+use crate::measure::Latencies;
+
+const INIT: u8 = 1;
+const VERSION: u8 = 2;
+const STAT: u8 = 17;
+const STATUS: u8 = 101;
+const ATTRS: u8 = 105;
+
+pub struct Sftp {
+    _child: Child,
+    to: BufWriter<ChildStdin>,
+    from: BufReader<ChildStdout>,
+}
+
+impl Sftp {
+    /// Opens the subsystem through `ssh` (a new connection).
+    pub async fn open(mut ssh: std::process::Command) -> Result<Self, String> {
+        ssh.arg("-s").arg("sftp");
+        let mut child = tokio::process::Command::from(ssh)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("ssh -s sftp: {e}"))?;
+        let (Some(to), Some(from)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("ssh -s sftp: no pipes".into());
+        };
+        let mut sftp = Self {
+            _child: child,
+            to: BufWriter::new(to),
+            from: BufReader::new(from),
+        };
+        sftp.send(INIT, &3u32.to_be_bytes()).await?;
+        sftp.to.flush().await.map_err(|e| e.to_string())?;
+        match sftp.receive().await? {
+            (VERSION, _) => Ok(sftp),
+            (kind, _) => Err(format!("sftp: expected VERSION, got packet type {kind}")),
+        }
+    }
+
+    async fn send(&mut self, kind: u8, payload: &[u8]) -> Result<(), String> {
+        let length = (payload.len() + 1) as u32;
+        let io = |e: std::io::Error| format!("sftp: {e}");
+        self.to.write_all(&length.to_be_bytes()).await.map_err(io)?;
+        self.to.write_all(&[kind]).await.map_err(io)?;
+        self.to.write_all(payload).await.map_err(io)
+    }
+
+    async fn receive(&mut self) -> Result<(u8, Vec<u8>), String> {
+        let io = |e: std::io::Error| format!("sftp: {e}");
+        let length = self.from.read_u32().await.map_err(io)? as usize;
+        if !(1..=256 * 1024).contains(&length) {
+            return Err(format!("sftp: a packet of {length} bytes"));
+        }
+        let mut packet = vec![0; length];
+        self.from.read_exact(&mut packet).await.map_err(io)?;
+        Ok((packet[0], packet.split_off(1)))
+    }
+
+    async fn send_stat(&mut self, id: u32, path: &str) -> Result<(), String> {
+        let mut payload = Vec::with_capacity(8 + path.len());
+        payload.extend_from_slice(&id.to_be_bytes());
+        payload.extend_from_slice(&(path.len() as u32).to_be_bytes());
+        payload.extend_from_slice(path.as_bytes());
+        self.send(STAT, &payload).await
+    }
+
+    /// `STAT path` with `window` requests in flight until `deadline`; the
+    /// latency of each (sent to answered). A failed stat is an error.
+    pub async fn stat_until(
+        &mut self,
+        path: &str,
+        window: usize,
+        deadline: Instant,
+    ) -> Result<Latencies, String> {
+        let mut sent: HashMap<u32, Instant> = HashMap::new();
+        let mut latencies = Latencies::default();
+        let mut next_id = 0u32;
+        for _ in 0..window {
+            self.send_stat(next_id, path).await?;
+            sent.insert(next_id, Instant::now());
+            next_id += 1;
+        }
+        self.to.flush().await.map_err(|e| e.to_string())?;
+        while !sent.is_empty() {
+            let (kind, body) = self.receive().await?;
+            let id = body
+                .get(..4)
+                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                .ok_or("sftp: a short answer")?;
+            let started = sent.remove(&id).ok_or("sftp: an answer to no request")?;
+            latencies.push(started.elapsed());
+            if kind != ATTRS {
+                let what = if kind == STATUS {
+                    "an error status"
+                } else {
+                    "an unexpected packet"
+                };
+                return Err(format!("sftp: STAT {path} got {what}"));
+            }
+            if Instant::now() < deadline {
+                self.send_stat(next_id, path).await?;
+                sent.insert(next_id, Instant::now());
+                next_id = next_id.wrapping_add(1);
+                self.to.flush().await.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(latencies)
+    }
+}
