@@ -630,3 +630,59 @@ async fn a_host_without_a_mechanism_refuses_or_runs_with_a_warning_as_the_grant_
     assert_eq!(bob_entry.exit_code, Some(0));
     assert_eq!(bob_entry.warning.as_deref(), Some(warning));
 }
+
+/// The launcher as the daemon runs it for a piped command: the sandbox is
+/// set up, then it waits for the release byte; without it the program
+/// never runs.
+#[test]
+fn the_launcher_runs_the_program_only_once_released() {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!("portcullis-release-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let marker = dir.join("ran");
+    let launcher = |extra: &[&str], script: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"));
+        command
+            .arg("--rw")
+            .arg(&dir)
+            .args(["--deny-network", "--await-release"])
+            .args(extra)
+            .args(["--", "/bin/sh", "-c", script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command.spawn().unwrap()
+    };
+    let touch = format!("touch {}; cat", marker.display());
+
+    // Input closed without the release: refused, nothing ran.
+    let mut child = launcher(&[], &touch);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!marker.exists(), "the program ran before its release");
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("did not release"),
+        "{out:?}"
+    );
+    assert!(!marker.exists(), "the program ran without a release");
+
+    // Released: the program runs and the input after the byte is its own.
+    let mut child = launcher(&[], &touch);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"ghello").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"hello");
+    assert!(marker.exists());
+
+    // --stdin-null: after the release the program reads /dev/null.
+    let mut child = launcher(&["--stdin-null"], "readlink /proc/self/fd/0");
+    child.stdin.as_mut().unwrap().write_all(b"g").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "/dev/null");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -218,20 +218,21 @@ impl Results {
         }
         let _ = writeln!(
             md,
-            "| seconds | requests | requests/s | p50 ms | p99 ms | gateway RSS MiB |"
+            "| seconds | requests | requests/s | p50 ms | p99 ms | gateway RSS MiB | gateway CPU (cores) |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
         for w in &scale.windows {
             let _ = writeln!(
                 md,
-                "| {}–{} | {} | {:.0} | {:.2} | {:.2} | {:.1} |",
+                "| {}–{} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.2} |",
                 w.from,
                 w.to,
                 w.requests,
                 w.requests as f64 / (w.to - w.from) as f64,
                 w.p50,
                 w.p99,
-                w.rss_kib as f64 / 1024.0
+                w.rss_kib as f64 / 1024.0,
+                w.cpu
             );
         }
         let _ = writeln!(md, "\n| request | count | p50 ms | p99 ms |");

@@ -45,6 +45,8 @@ pub struct Window {
     pub p50: f64,
     pub p99: f64,
     pub rss_kib: u64,
+    /// The gateway's CPU use over the window (1.0 = one core busy).
+    pub cpu: f64,
 }
 
 pub struct ScaleResult {
@@ -154,10 +156,14 @@ pub async fn run(args: &Args, gateway: &Gateway) -> Result<ScaleResult, String> 
             Ok::<(), &'static str>(())
         });
     }
-    let mut rss = Vec::new();
+    let (mut rss, mut cpu) = (Vec::new(), Vec::new());
+    let mut last = (Instant::now(), measure::cpu_seconds(pid, false));
     while Instant::now() < deadline {
         tokio::time::sleep(WINDOW.min(deadline - Instant::now())).await;
         rss.push(measure::rss_kib(pid));
+        let now = (Instant::now(), measure::cpu_seconds(pid, false));
+        cpu.push((now.1 - last.1) / (now.0 - last.0).as_secs_f64());
+        last = now;
     }
     while let Some(joined) = tasks.join_next().await {
         joined.map_err(|e| e.to_string())??;
@@ -180,6 +186,7 @@ pub async fn run(args: &Args, gateway: &Gateway) -> Result<ScaleResult, String> 
             p50: latencies.quantile_ms(0.5),
             p99: latencies.quantile_ms(0.99),
             rss_kib: rss.get(i).copied().unwrap_or(rss_end_kib),
+            cpu: cpu.get(i).copied().unwrap_or(0.0),
         })
         .collect::<Vec<_>>();
     let names = ["file.read", "file.stat", "shell.exec"];

@@ -18,19 +18,27 @@ pub struct Sshd {
     control: Option<PathBuf>,
 }
 
-/// Installs openssh-server with apt-get (when asked to and it is missing).
+/// Installs openssh-server with apt-get (when asked to and it is missing),
+/// updating the package lists first if the install fails without them.
 pub fn install() -> Result<(), String> {
     if Path::new(SSHD).exists() {
         return Ok(());
     }
-    let status = Command::new("apt-get")
-        .args(["install", "-y", "--no-install-recommends", "openssh-server"])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .status()
-        .map_err(|e| format!("apt-get: {e}"))?;
-    match status.success() {
-        true => Ok(()),
-        false => Err(format!("apt-get install openssh-server: {status}")),
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .map_err(|e| format!("apt-get: {e}"))
+    };
+    let install = ["install", "-y", "--no-install-recommends", "openssh-server"];
+    if apt(&install)?.success() {
+        return Ok(());
+    }
+    apt(&["update", "-q"])?;
+    match apt(&install)? {
+        status if status.success() => Ok(()),
+        status => Err(format!("apt-get install openssh-server: {status}")),
     }
 }
 

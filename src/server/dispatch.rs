@@ -70,6 +70,38 @@ pub struct Call {
     /// The request's audit entry as the session began it (connection,
     /// peer, principal, context); nested calls start theirs from it.
     pub record: portcullis_store::Record,
+    /// A long-running request's start entry, on its way to the audit log.
+    pub start_entry: StartEntry,
+}
+
+/// A request's start entry until it is durable. Nothing acts on the host
+/// before then: the dispatcher waits for it, unless the provider prepares
+/// meanwhile ([`Provider::prepares_during_start_entry`]) and waits itself.
+pub struct StartEntry(Option<portcullis_store::Submitted>);
+
+impl StartEntry {
+    /// No entry to wait for (a short request, or one already durable).
+    pub fn durable() -> Self {
+        Self(None)
+    }
+
+    pub fn pending(submitted: portcullis_store::Submitted) -> Self {
+        Self(Some(submitted))
+    }
+
+    /// Waits until the entry is durable (at once the second time).
+    pub async fn wait(&mut self) -> Result<(), ErrorBody> {
+        let Some(submitted) = self.0.take() else {
+            return Ok(());
+        };
+        submitted.durable().await.map(drop).map_err(|e| {
+            tracing::error!("audit: {e}");
+            ErrorBody::new(
+                ErrorCode::ProviderError,
+                "the audit log is unavailable, so nothing was run",
+            )
+        })
+    }
 }
 
 /// Data a request moved, counted as it moves.
@@ -173,6 +205,13 @@ pub trait Provider: Send + Sync + 'static {
     fn cancel_grace(&self) -> Duration {
         Duration::ZERO
     }
+    /// Whether the provider prepares `request` while its start entry is
+    /// being written (and waits for [`Call::start_entry`] before it acts):
+    /// a command's sandbox is set up meanwhile. Otherwise the dispatcher
+    /// waits before calling.
+    fn prepares_during_start_entry(&self, _request: &Request) -> bool {
+        false
+    }
     fn call(&self, call: Call) -> Reply;
 }
 
@@ -210,13 +249,16 @@ impl Dispatcher {
     /// Runs the call until it answers or is cancelled. Dropping the
     /// provider's future on cancel stops its work; providers that own
     /// processes also watch `call.cancel` to kill them.
-    pub async fn run(&self, call: Call) -> Result<Value, ErrorBody> {
+    pub async fn run(&self, mut call: Call) -> Result<Value, ErrorBody> {
         let Some(provider) = self.providers.get(call.request.method.as_str()).cloned() else {
             return Err(ErrorBody::new(
                 ErrorCode::UnknownMethod,
                 format!("`{}` is not served", call.request.method),
             ));
         };
+        if !provider.prepares_during_start_entry(&call.request) {
+            call.start_entry.wait().await?;
+        }
         let cancel = call.cancel.clone();
         let grace = provider.cancel_grace();
         let mut reply = provider.call(call);

@@ -39,7 +39,7 @@ use crate::frame::{
     Response,
 };
 use crate::record::{self, Channel, Record, RecordError};
-use crate::server::dispatch::{Call, Outbound, Outbox, StreamSink, Usage};
+use crate::server::dispatch::{Call, Outbound, Outbox, StartEntry, StreamSink, Usage};
 use crate::server::entry::{self, LONG_RUNNING, code_name, describe_target, error_code};
 use crate::server::query::{query_for, still_allowed};
 use crate::server::resources::SessionResources;
@@ -693,18 +693,23 @@ impl Session {
         let id = request.id.clone();
         let audit = self.gateway.audit.clone();
         // A call that waits for approval leaves its start entry once
-        // approved (in its task, below).
+        // approved (in its task, below). Otherwise it is submitted here and
+        // is durable before the call acts (see `StartEntry`).
+        let mut start_entry = StartEntry::durable();
         if approval.is_none() && LONG_RUNNING.contains(&request.method.as_str()) {
             let start = AuditRecord {
                 kind: Kind::RequestStart,
                 ..record.clone()
             };
-            if let Err(e) = audit.append(start).await {
-                error!(session = self.info.id, "audit: {e}");
-                let message = "the audit log is unavailable, so nothing was run";
-                return self
-                    .respond_error(id, ErrorCode::ProviderError, message)
-                    .await;
+            match audit.submit(start) {
+                Ok(submitted) => start_entry = StartEntry::pending(submitted),
+                Err(e) => {
+                    error!(session = self.info.id, "audit: {e}");
+                    let message = "the audit log is unavailable, so nothing was run";
+                    return self
+                        .respond_error(id, ErrorCode::ProviderError, message)
+                        .await;
+                }
             }
         }
         let cancel = CancellationToken::new();
@@ -744,6 +749,7 @@ impl Session {
             revoked: revoked.clone(),
             gateway: self.gateway.clone(),
             record: record.clone(),
+            start_entry,
         };
         let (gateway, outbox, done, end_reason) = (
             self.gateway.clone(),

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use crate::files::confine::Root;
 use crate::files::{Encoding, RESPONSE_BUDGET, fit_inline};
 use crate::frame::{ErrorBody, ErrorCode, Request};
-use crate::server::dispatch::{Call, Provider, Reply};
+use crate::server::dispatch::{Call, Provider, Reply, StartEntry};
 use sandbox::Mechanism;
 
 /// How long the pipes may stay open after the process group was killed (a
@@ -63,6 +63,12 @@ impl Provider for Shell {
     /// A cancelled command is killed, and answers.
     fn cancel_grace(&self) -> Duration {
         Duration::from_secs(2)
+    }
+
+    /// The launcher sets up the sandbox while the start entry is written;
+    /// the program runs once it is durable (`Running::release`).
+    fn prepares_during_start_entry(&self, request: &Request) -> bool {
+        matches!(request.method.as_str(), "shell.exec" | "shell.start")
     }
 
     fn call(&self, call: Call) -> Reply {
@@ -104,13 +110,14 @@ fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorB
         .map_err(|e| invalid(format!("{} params: {e}", request.method)))
 }
 
-async fn exec(call: Call) -> Result<Value, ErrorBody> {
+async fn exec(mut call: Call) -> Result<Value, ErrorBody> {
     let p: ExecParams = params(&call.request)?;
     let terms = shell_terms(call.terms)?;
     let io = Io::Piped {
         stdin: p.stdin.is_some(),
     };
-    let mut running = spawn(&call.principal, &terms, &p.command, io)?;
+    let start_entry = &mut call.start_entry;
+    let mut running = spawn(&call.principal, &terms, &p.command, io, start_entry).await?;
     let cap = terms.output_limit.min(OUTPUT_CAP as u64) as usize;
     let stdout = tokio::spawn(read_capped(running.child.stdout.take(), cap));
     let stderr = tokio::spawn(read_capped(running.child.stderr.take(), cap));
@@ -201,12 +208,15 @@ const DEFAULT_TERM: &str = "xterm-256color";
 
 /// Starts `command` as the terms allow: program resolved, working
 /// directory opened beneath its root, exact environment, the launcher in
-/// front.
-pub(crate) fn spawn(
+/// front. The program itself runs only once `start_entry` is durable: a
+/// piped command's launcher sets up the sandbox meanwhile and waits to be
+/// released; a terminal's is started after it.
+pub(crate) async fn spawn(
     principal: &str,
     terms: &ShellTerms,
     command: &[String],
-    io: Io,
+    io: Io<'_>,
+    start_entry: &mut StartEntry,
 ) -> Result<Running, ErrorBody> {
     let Some((program, args)) = command.split_first() else {
         return Err(invalid("`command` must name a program"));
@@ -215,14 +225,19 @@ pub(crate) fn spawn(
     let program = resolve(program, terms)?;
     let cwd = WorkingDir::open(terms)?;
     let terminal = matches!(io, Io::Terminal(_));
+    if terminal {
+        // The release byte cannot travel through a terminal.
+        start_entry.wait().await?;
+    }
     let skip = missing_mechanisms(terms)?;
-    let mut launch = launcher(terms, &program, args, terminal, &skip)?;
+    let mut launch = launcher(terms, &program, args, &io, &skip)?;
     launch.env_clear().envs(&terms.env).current_dir(cwd.path());
+    let keep_stdin = matches!(io, Io::Piped { stdin: true });
     match io {
-        Io::Piped { stdin } => {
-            let stdin = if stdin { Stdio::piped() } else { Stdio::null() };
+        Io::Piped { .. } => {
+            // stdin carries the release byte first.
             launch
-                .stdin(stdin)
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
         }
@@ -255,17 +270,45 @@ pub(crate) fn spawn(
             missing.join(", ")
         )
     });
-    Ok(Running {
+    let mut running = Running {
         child,
         pid,
         started,
         terminal,
         sandbox_warning,
         _slot: slot,
-    })
+    };
+    if !terminal {
+        running.release(start_entry, keep_stdin).await?;
+    }
+    Ok(running)
 }
 
 impl Running {
+    /// Lets the waiting launcher exec the program once the start entry is
+    /// durable (one byte on its stdin; with `keep_stdin` the request's
+    /// input follows, otherwise the launcher gives the program /dev/null).
+    /// When the entry cannot be written the launcher is killed: the program
+    /// never ran.
+    async fn release(
+        &mut self,
+        start_entry: &mut StartEntry,
+        keep_stdin: bool,
+    ) -> Result<(), ErrorBody> {
+        if let Err(e) = start_entry.wait().await {
+            let _ = self.child.start_kill();
+            return Err(e);
+        }
+        if let Some(stdin) = self.child.stdin.as_mut() {
+            // A launcher that refused has exited; its status says why.
+            let _ = stdin.write_all(sandbox::RELEASE).await;
+        }
+        if !keep_stdin {
+            self.child.stdin = None;
+        }
+        Ok(())
+    }
+
     /// Waits for the exit, the time limit, or a cancel (the request's, or
     /// `also`), then kills the process group whatever happened: nothing the
     /// command started outlives it.
@@ -531,7 +574,7 @@ fn launcher(
     terms: &ShellTerms,
     program: &Path,
     args: &[String],
-    terminal: bool,
+    io: &Io,
     skip: &[(Mechanism, String)],
 ) -> Result<tokio::process::Command, ErrorBody> {
     let mut command = tokio::process::Command::new(launcher_path()?);
@@ -545,9 +588,11 @@ fn launcher(
     if terms.network == Network::Deny {
         command.arg("--deny-network");
     }
-    if terminal {
-        command.arg("--tty");
-    }
+    match io {
+        Io::Terminal(_) => command.arg("--tty"),
+        Io::Piped { stdin: true } => command.arg("--await-release"),
+        Io::Piped { stdin: false } => command.args(["--await-release", "--stdin-null"]),
+    };
     let limits = [
         ("memory", terms.limits.memory),
         ("file_size", terms.limits.file_size),

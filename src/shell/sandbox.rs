@@ -6,7 +6,8 @@
 //! its own: starting the daemon's 90 MB binary for it cost 1.7 ms more.
 //!
 //! Usage: `portcullis-sandbox [--rw DIR]… [--ro DIR]… [--deny-network]
-//! [--tty] [--limit NAME=N]… [--skip MECHANISM]… -- PROGRAM [ARG…]`, or
+//! [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
+//! [--skip MECHANISM]… -- PROGRAM [ARG…]`, or
 //! `portcullis-sandbox --probe`, which reports which mechanisms this host
 //! has (one `NAME=ok` or `NAME=REASON` line each); the daemon asks once.
 //!
@@ -23,6 +24,12 @@
 //! daemon passed `--skip` for that mechanism, which it does only for a
 //! grant with `sandbox = "best_effort"` on a host whose probe said the
 //! mechanism is missing (and then records a warning in the audit entry).
+//!
+//! With `--await-release`, the last step before exec is to read one byte
+//! from stdin: the daemon sends [`RELEASE`] once the request's start entry
+//! is durable, so the sandbox is set up while the entry is written but the
+//! program never runs unaudited (end of input instead: the launcher exits).
+//! `--stdin-null` then gives the program /dev/null as its stdin.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -36,6 +43,9 @@ use landlock::{
 /// Exit status when the sandbox could not be set up (the program never
 /// ran); 126/127 follow the shells' "cannot execute" / "not found".
 pub const EXIT_SANDBOX: u8 = 125;
+
+/// The byte that lets a launcher waiting with `--await-release` exec.
+pub const RELEASE: &[u8] = b"g";
 
 /// Paths every program needs to read (and execute from).
 const SYSTEM_READ: &[&str] = &[
@@ -55,6 +65,10 @@ pub struct SandboxArgs {
     deny_network: bool,
     /// Make stdin (a terminal) the controlling terminal.
     tty: bool,
+    /// Exec only after reading [`RELEASE`] from stdin.
+    await_release: bool,
+    /// After the release, stdin is /dev/null.
+    stdin_null: bool,
     /// rlimits to set: (resource, value).
     limits: Vec<(Limit, u64)>,
     /// Mechanisms not to apply (the host lacks them; best-effort grant).
@@ -77,6 +91,8 @@ impl SandboxArgs {
                     .push(args.next().ok_or("--ro needs a DIR")?.into()),
                 Some("--deny-network") => parsed.deny_network = true,
                 Some("--tty") => parsed.tty = true,
+                Some("--await-release") => parsed.await_release = true,
+                Some("--stdin-null") => parsed.stdin_null = true,
                 Some("--limit") => {
                     let arg = args.next().ok_or("--limit needs NAME=N")?;
                     parsed.limits.push(Limit::parse(&arg.to_string_lossy())?);
@@ -100,7 +116,7 @@ impl SandboxArgs {
                 _ => return Err(format!("unexpected argument {}", arg.to_string_lossy())),
             }
         }
-        Err("usage: portcullis-sandbox [--rw DIR]... [--ro DIR]... [--deny-network] [--tty] [--limit NAME=N]... [--skip MECHANISM]... -- PROGRAM [ARG...]".into())
+        Err("usage: portcullis-sandbox [--rw DIR]... [--ro DIR]... [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... -- PROGRAM [ARG...]".into())
     }
 }
 
@@ -163,6 +179,11 @@ pub fn run(args: SandboxArgs) -> ExitCode {
     {
         return refuse(e);
     }
+    if args.await_release
+        && let Err(e) = await_release(args.stdin_null)
+    {
+        return refuse(e);
+    }
     let Some((program, rest)) = args.command.split_first() else {
         return refuse("no program".into());
     };
@@ -175,6 +196,32 @@ pub fn run(args: SandboxArgs) -> ExitCode {
     } else {
         126
     })
+}
+
+/// Waits for the daemon's [`RELEASE`] byte on stdin, reading exactly one
+/// byte (the request's input follows it), then with `stdin_null` puts
+/// /dev/null in its place.
+fn await_release(stdin_null: bool) -> Result<(), String> {
+    let null = match stdin_null {
+        true => Some(std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?),
+        false => None,
+    };
+    let mut byte = [0u8; 1];
+    let read = loop {
+        match rustix::io::read(std::io::stdin(), &mut byte) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => break other,
+        }
+    };
+    match read {
+        Ok(1) if byte == RELEASE => {}
+        Ok(_) => return Err("the gateway did not release the command".into()),
+        Err(e) => return Err(format!("waiting for the release: {e}")),
+    }
+    if let Some(null) = null {
+        rustix::stdio::dup2_stdin(&null).map_err(|e| format!("stdin: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Landlock as strict as the kernel allows, but never weaker than: the

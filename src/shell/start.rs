@@ -27,7 +27,7 @@ use super::{
 use crate::files::Encoding;
 use crate::frame::{ErrorBody, ErrorCode};
 use crate::record::Channel;
-use crate::server::dispatch::Call;
+use crate::server::dispatch::{Call, StartEntry};
 
 #[derive(Deserialize)]
 struct StartParams {
@@ -40,10 +40,11 @@ struct StartParams {
     rows: Option<u16>,
 }
 
-pub async fn start(call: Call) -> Result<Value, ErrorBody> {
+pub async fn start(mut call: Call) -> Result<Value, ErrorBody> {
     let p: StartParams = params(&call.request)?;
     let terms = shell_terms(call.terms.clone())?;
-    let process = launch(&call, &p, &terms)?;
+    let mut start_entry = std::mem::replace(&mut call.start_entry, StartEntry::durable());
+    let process = launch(&call, &p, &terms, &mut start_entry).await?;
     let mut started = json!({
         "process_id": process.id,
         "pid": process.pid,
@@ -61,10 +62,11 @@ pub async fn start(call: Call) -> Result<Value, ErrorBody> {
 }
 
 /// Starts the process with its output pumps, stdin feeder and supervisor.
-fn launch(
+async fn launch(
     call: &Call,
     p: &StartParams,
     terms: &portcullis_policy::ShellTerms,
+    start_entry: &mut StartEntry,
 ) -> Result<Arc<Process>, ErrorBody> {
     let size = (
         p.cols.unwrap_or(pty::DEFAULT_SIZE.0).clamp(1, 1000),
@@ -81,7 +83,7 @@ fn launch(
         Some(pty) => Io::Terminal(pty),
         None => Io::Piped { stdin: true },
     };
-    let mut running = spawn(&call.principal, terms, &p.command, io)?;
+    let mut running = spawn(&call.principal, terms, &p.command, io, start_entry).await?;
     let (stdin_tx, stdin_rx) = mpsc::channel(16);
     let process = process::register(Spec {
         owner: call.principal.clone(),

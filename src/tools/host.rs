@@ -25,7 +25,7 @@ use super::registry::{CompiledTool, Registry, Secrets};
 use super::{invalid, provider_error};
 use crate::frame::{ErrorBody, ErrorCode, Request, RequestId};
 use crate::server::Gateway;
-use crate::server::dispatch::{Call, StreamSink, Usage};
+use crate::server::dispatch::{Call, StartEntry, StreamSink, Usage};
 use crate::server::entry;
 use crate::server::resources::SessionResources;
 
@@ -361,6 +361,8 @@ impl Host {
             session_end: self.session_end.clone(),
             revoked: self.revoked.clone(),
             gateway: self.gateway.clone(),
+            // Settled above: a script's command waits for its entry first.
+            start_entry: StartEntry::durable(),
         };
         let gateway = self.gateway.clone();
         self.handle.block_on(async move {

@@ -259,6 +259,11 @@ impl Submitted {
     pub fn wait(self) -> Result<u64, StoreError> {
         self.0.blocking_recv().map_err(|_| StoreError::Failed)?
     }
+
+    /// Waits until the entry is durable; returns its sequence number.
+    pub async fn durable(self) -> Result<u64, StoreError> {
+        self.0.await.map_err(|_| StoreError::Failed)?
+    }
 }
 
 /// A handle to the audit log; cheap to clone.
@@ -361,10 +366,7 @@ impl AuditLog {
 
     /// Appends `record`; returns its sequence number once it is durable.
     pub async fn append(&self, record: Record) -> Result<u64, StoreError> {
-        self.submit(record)?
-            .0
-            .await
-            .map_err(|_| StoreError::Failed)?
+        self.submit(record)?.durable().await
     }
 
     /// Queues `record` for appending without waiting: entries are written
