@@ -293,6 +293,7 @@ impl Results {
             .x_desc("requests in flight")
             .y_desc("requests / s")
             .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
             .draw()
             .map_err(|e| error(&e))?;
         for (label, color, series) in rates {
