@@ -126,6 +126,26 @@ max_processes = 512
         Ok(client)
     }
 
+    /// `count` sessions, opened 16 at a time.
+    pub async fn sessions(&self, count: usize) -> Result<Vec<Client>, String> {
+        let mut open = Vec::with_capacity(count);
+        while open.len() < count {
+            let mut batch = tokio::task::JoinSet::new();
+            for _ in 0..16.min(count - open.len()) {
+                let options = ClientOptions::new(&self.url, self.key, self.identity.clone());
+                batch.spawn(async move {
+                    let client = Client::connect(options).await?;
+                    client.accept_all().await.map(|()| client)
+                });
+            }
+            while let Some(joined) = batch.join_next().await {
+                let client = joined.map_err(|e| e.to_string())?;
+                open.push(client.map_err(|e| format!("a session: {e}"))?);
+            }
+        }
+        Ok(open)
+    }
+
     /// `portcullis VERB URL --gateway-key … --identity …`, then `rest`.
     pub fn cli(&self, verb: &str) -> Result<Command, String> {
         let mut command = Command::new(binary()?);

@@ -251,120 +251,105 @@ impl Results {
     }
 
     /// Two panels: requests per second, and p50/p99 latency, against the
-    /// requests in flight.
+    /// requests in flight (both axes logarithmic).
     fn chart(&self, path: &Path) -> Result<(), String> {
         use plotters::prelude::*;
-        let error = |e: &dyn std::fmt::Display| format!("the chart: {e}");
         let root = SVGBackend::new(path, (1000, 420)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| error(&e))?;
+        root.fill(&WHITE).map_err(chart_error)?;
         let (left, right) = root.split_horizontally(500);
-        let levels: Vec<f64> = self.concurrency.iter().map(|c| c.level as f64).collect();
-        let x_range = (1f64..levels.last().copied().unwrap_or(256.0).max(2.0)).log_scale();
-        let blue = RGBColor(31, 119, 180);
-        let orange = RGBColor(255, 127, 14);
+        let (blue, orange) = (RGBColor(31, 119, 180), RGBColor(255, 127, 14));
         let points = |pick: fn(&Concurrency) -> &Spread| -> Vec<(f64, f64)> {
             self.concurrency
                 .iter()
                 .map(|c| (c.level as f64, pick(c).median()))
                 .collect()
         };
-
         let rates = [
-            (
+            Line(
                 "portcullis (audited file.stat)",
                 blue,
+                2,
                 points(|c| &c.ours_rate),
             ),
-            ("OpenSSH (SFTP STAT)", orange, points(|c| &c.theirs_rate)),
+            Line("OpenSSH (SFTP STAT)", orange, 2, points(|c| &c.theirs_rate)),
         ];
-        let top = rates
-            .iter()
-            .flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y))
-            .fold(1.0, f64::max);
-        let mut chart = ChartBuilder::on(&left)
-            .caption("Small requests per second", ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x_range.clone(), 0f64..top * 1.15)
-            .map_err(|e| error(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("requests in flight")
-            .y_desc("requests / s")
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .draw()
-            .map_err(|e| error(&e))?;
-        for (label, color, series) in rates {
-            chart
-                .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))
-                .map_err(|e| error(&e))?
-                .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-            chart
-                .draw_series(series.iter().map(|p| Circle::new(*p, 4, color.filled())))
-                .map_err(|e| error(&e))?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.9))
-            .draw()
-            .map_err(|e| error(&e))?;
-
+        panel(&left, "Small requests per second", "requests / s", &rates)?;
         let latencies = [
-            ("portcullis p50", blue, false, points(|c| &c.ours_p50)),
-            ("portcullis p99", blue, true, points(|c| &c.ours_p99)),
-            ("OpenSSH p50", orange, false, points(|c| &c.theirs_p50)),
-            ("OpenSSH p99", orange, true, points(|c| &c.theirs_p99)),
+            Line("portcullis p50", blue, 2, points(|c| &c.ours_p50)),
+            Line("portcullis p99", blue, 1, points(|c| &c.ours_p99)),
+            Line("OpenSSH p50", orange, 2, points(|c| &c.theirs_p50)),
+            Line("OpenSSH p99", orange, 1, points(|c| &c.theirs_p99)),
         ];
-        let values = latencies
-            .iter()
-            .flat_map(|(_, _, _, p)| p.iter().map(|(_, y)| *y));
-        let (low, high) = values.fold((f64::INFINITY, 0.01f64), |(lo, hi), v| {
-            (lo.min(v), hi.max(v))
-        });
-        let low = if low.is_finite() && low > 0.0 {
-            low / 2.0
-        } else {
-            0.01
-        };
-        let mut chart = ChartBuilder::on(&right)
-            .caption("Latency (log scale)", ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x_range, (low..high * 2.0).log_scale())
-            .map_err(|e| error(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("requests in flight")
-            .y_desc("ms")
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .draw()
-            .map_err(|e| error(&e))?;
-        for (label, color, dashed, series) in latencies {
-            let style = color.stroke_width(if dashed { 1 } else { 2 });
-            chart
-                .draw_series(LineSeries::new(series.clone(), style))
-                .map_err(|e| error(&e))?
-                .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-            chart
-                .draw_series(series.iter().map(|p| Circle::new(*p, 3, color.filled())))
-                .map_err(|e| error(&e))?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.9))
-            .draw()
-            .map_err(|e| error(&e))?;
-        root.present().map_err(|e| error(&e))
+        panel(&right, "Latency", "ms", &latencies)?;
+        root.present().map_err(chart_error)
     }
+}
+
+/// A series on the chart: label, colour, stroke width, (x, y) points.
+struct Line(
+    &'static str,
+    plotters::style::RGBColor,
+    u32,
+    Vec<(f64, f64)>,
+);
+
+fn chart_error(e: impl std::fmt::Display) -> String {
+    format!("the chart: {e}")
+}
+
+/// One panel: `lines` against the requests in flight, log-log.
+fn panel(
+    area: &plotters::drawing::DrawingArea<
+        plotters::backend::SVGBackend<'_>,
+        plotters::coord::Shift,
+    >,
+    caption: &str,
+    unit: &str,
+    lines: &[Line],
+) -> Result<(), String> {
+    use plotters::prelude::*;
+    let xs = lines.iter().flat_map(|l| l.3.iter().map(|p| p.0));
+    let ys = || lines.iter().flat_map(|l| l.3.iter().map(|p| p.1));
+    let x_max = xs.fold(2.0, f64::max);
+    let y_max = ys().fold(0.01, f64::max);
+    let y_min = ys().filter(|y| *y > 0.0).fold(y_max, f64::min);
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("{caption} (log scale)"), ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(
+            (1f64..x_max).log_scale(),
+            (y_min / 2.0..y_max * 2.0).log_scale(),
+        )
+        .map_err(chart_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("requests in flight")
+        .y_desc(unit)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| match *y >= 10.0 {
+            true => format!("{y:.0}"),
+            false => format!("{y}"),
+        })
+        .draw()
+        .map_err(chart_error)?;
+    for Line(label, color, width, points) in lines {
+        let style = color.stroke_width(*width);
+        chart
+            .draw_series(LineSeries::new(points.clone(), style))
+            .map_err(chart_error)?
+            .label(*label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        chart
+            .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
+            .map_err(chart_error)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()
+        .map_err(chart_error)
 }

@@ -112,24 +112,7 @@ async fn gateway_sessions(gateway: &Gateway, count: usize) -> Result<(f64, f64),
     let pid = gateway.pid();
     settle().await;
     let (rss_before, cpu_before) = (measure::rss_kib(pid), measure::cpu_seconds(pid, false));
-    let mut open = Vec::with_capacity(count);
-    while open.len() < count {
-        let mut batch = JoinSet::new();
-        for _ in 0..16.min(count - open.len()) {
-            let (url, key, identity) = (gateway.url.clone(), gateway.key, gateway.identity.clone());
-            batch.spawn(async move {
-                let options = portcullis::client::ClientOptions::new(&url, key, identity);
-                let client = portcullis::client::Client::connect(options).await?;
-                client.accept_all().await.map(|()| client)
-            });
-        }
-        while let Some(joined) = batch.join_next().await {
-            let client = joined
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("a session: {e}"))?;
-            open.push(client);
-        }
-    }
+    let open = gateway.sessions(count).await?;
     settle().await;
     let rss_after = measure::rss_kib(pid);
     drop(open);

@@ -103,24 +103,12 @@ pub async fn run(args: &Args, gateway: &Gateway) -> Result<ScaleResult, String> 
     crate::settle().await;
     let rss_before_kib = measure::rss_kib(pid);
     eprintln!("scale: connecting {} sessions", args.scale_sessions);
-    let mut sessions = Vec::with_capacity(args.scale_sessions);
-    while sessions.len() < args.scale_sessions {
-        let mut batch = JoinSet::new();
-        for _ in 0..16.min(args.scale_sessions - sessions.len()) {
-            let (url, key, identity) = (gateway.url.clone(), gateway.key, gateway.identity.clone());
-            batch.spawn(async move {
-                let options = portcullis::client::ClientOptions::new(&url, key, identity);
-                let client = Client::connect(options).await?;
-                client.accept_all().await.map(|()| client)
-            });
-        }
-        while let Some(joined) = batch.join_next().await {
-            let client = joined.map_err(|e| e.to_string())?;
-            sessions.push(Arc::new(
-                client.map_err(|e| format!("scale: a session: {e}"))?,
-            ));
-        }
-    }
+    let sessions: Vec<Arc<Client>> = gateway
+        .sessions(args.scale_sessions)
+        .await?
+        .into_iter()
+        .map(Arc::new)
+        .collect();
     let rss_connected_kib = measure::rss_kib(pid);
     eprintln!(
         "scale: {} sessions for {} s",
