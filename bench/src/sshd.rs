@@ -20,10 +20,32 @@ pub struct Sshd {
 
 /// Installs openssh-server with apt-get (when asked to and it is missing),
 /// updating the package lists first if the install fails without them.
+/// The package must not start the system's sshd (on port 22, every
+/// address): a `policy-rc.d` that forbids starting services is in place
+/// while apt-get runs, unless the host already has one.
 pub fn install() -> Result<(), String> {
     if Path::new(SSHD).exists() {
         return Ok(());
     }
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    let ours = !policy.exists();
+    if ours {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(
+            policy,
+            "#!/bin/sh\n# portcullis-bench: no service starts\nexit 101\n",
+        )
+        .and_then(|()| std::fs::set_permissions(policy, std::fs::Permissions::from_mode(0o755)))
+        .map_err(|e| format!("{}: {e}", policy.display()))?;
+    }
+    let installed = apt_install();
+    if ours {
+        let _ = std::fs::remove_file(policy);
+    }
+    installed
+}
+
+fn apt_install() -> Result<(), String> {
     let apt = |args: &[&str]| {
         Command::new("apt-get")
             .args(args)
