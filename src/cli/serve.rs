@@ -229,9 +229,11 @@ pub fn init_logging() {
             return;
         }
     }
+    // Colours only for a terminal: a log redirected to a file stays text.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter())
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
