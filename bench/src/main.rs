@@ -35,21 +35,23 @@ pub struct Args {
     /// Round trips per round for the latency rows.
     #[arg(long, default_value_t = 200)]
     samples: usize,
-    /// Idle-session counts compared with sshd (the gateway alone gets
-    /// --gateway-sessions as well).
+    /// Idle-session counts compared with sshd.
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     sessions: Vec<usize>,
+    /// Idle sessions for the gateway alone.
     #[arg(long, default_value_t = 10_000)]
     gateway_sessions: usize,
     /// Seconds per concurrency level for requests per second.
     #[arg(long, default_value_t = 3.0)]
     request_seconds: f64,
-    /// The scale test: sessions, seconds, and each session's pause between
-    /// requests (ms).
+    /// Sessions in the scale test.
     #[arg(long, default_value_t = 1000)]
     scale_sessions: usize,
+    /// How long the scale test runs, in seconds.
     #[arg(long, default_value_t = 60)]
     scale_seconds: u64,
+    /// Each scale-test session's pause between requests, in ms (0.5–1.5
+    /// times this, so the sessions do not march in step).
     #[arg(long, default_value_t = 250)]
     scale_pause_ms: u64,
     /// Small sizes everywhere: checks that the harness works (CI), not a
@@ -62,9 +64,10 @@ pub struct Args {
     /// Install openssh-server with apt-get if it is missing.
     #[arg(long)]
     install_ssh: bool,
-    /// Where the results go (Markdown) and the chart (SVG).
+    /// Where the results go (Markdown).
     #[arg(long, default_value = "bench/RESULTS.md")]
     out: PathBuf,
+    /// Where the chart goes (SVG; written when requests were measured).
     #[arg(long, default_value = "bench/chart.svg")]
     chart: PathBuf,
     /// Working directory for files, keys and state (deleted at the end).
