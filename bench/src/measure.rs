@@ -77,29 +77,47 @@ impl Spread {
     }
 }
 
+/// The fields of `/proc/PID/stat` after `pid (comm)`, numbered as in
+/// proc(5) from 3 (`state`) on: comm may hold spaces and parentheses.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = stat.get(stat.rfind(')')? + 2..)?;
+    Some(after_comm.split_whitespace().map(String::from).collect())
+}
+
+/// Field `n` (proc(5) numbering) of a `stat_fields` answer.
+fn field(fields: &[String], n: usize) -> Option<&str> {
+    fields.get(n - 3).map(String::as_str)
+}
+
+/// Every process's PID.
+fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+}
+
 /// CPU time a process has used: its own (user + system), and that of the
 /// children it has waited for.
 pub fn cpu_seconds(pid: u32, with_children: bool) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Some(fields) = stat_fields(pid) else {
         return 0.0;
     };
-    // `pid (comm) state ppid …`; utime is field 14, cstime field 17.
-    let Some(after_comm) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-        return 0.0;
+    // utime, stime, cutime, cstime are fields 14 to 17.
+    let ticks = |n| {
+        field(&fields, n)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
     };
-    let fields: Vec<f64> = after_comm
-        .split_whitespace()
-        .map(|f| f.parse().unwrap_or(0.0))
-        .collect();
-    let ticks = rustix::param::clock_ticks_per_second() as f64;
-    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0.0);
-    let own = field(14) + field(15);
+    let own = ticks(14) + ticks(15);
     let children = if with_children {
-        field(16) + field(17)
+        ticks(16) + ticks(17)
     } else {
         0.0
     };
-    (own + children) / ticks
+    (own + children) / rustix::param::clock_ticks_per_second() as f64
 }
 
 /// A `/proc/PID/status` or `smaps_rollup` field in KiB.
@@ -122,27 +140,18 @@ pub fn pss_kib(pid: u32) -> u64 {
 
 /// `pid` and all its descendants.
 pub fn process_tree(pid: u32) -> Vec<u32> {
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
-            let ppid = stat[stat.rfind(')')? + 2..].split_whitespace().nth(1)?;
-            Some((child, ppid.parse().ok()?))
+    let parents: Vec<(u32, u32)> = pids()
+        .filter_map(|child| {
+            let ppid = field(&stat_fields(child)?, 4)?.parse().ok()?;
+            Some((child, ppid))
         })
         .collect();
     let mut tree = vec![pid];
     let mut i = 0;
     while i < tree.len() {
         let parent = tree[i];
-        tree.extend(
-            parents
-                .iter()
-                .filter(|(_, p)| *p == parent)
-                .map(|(c, _)| *c),
-        );
+        let children = parents.iter().filter(|(_, p)| *p == parent);
+        tree.extend(children.map(|(c, _)| *c));
         i += 1;
     }
     tree
@@ -150,15 +159,11 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
 
 /// Processes whose command line contains every one of `needles`.
 pub fn processes_with(needles: &[&str]) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    pids()
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            needles.iter().all(|n| cmdline.contains(n)).then_some(pid)
+            needles.iter().all(|n| cmdline.contains(n))
         })
         .collect()
 }

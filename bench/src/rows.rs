@@ -345,33 +345,30 @@ pub async fn requests(
                 "stat a file, {level} in flight: {q} (portcullis: audited file.stat; ssh: SFTP STAT)"
             )
         };
-        results.rows.push(Row::new(
-            section,
-            what("requests/s"),
-            "req/s",
-            c.ours_rate.clone(),
-            c.theirs_rate.clone(),
-            Better::Higher,
-            0,
-        ));
-        results.rows.push(Row::new(
-            section,
-            what("p50"),
-            "ms",
-            c.ours_p50.clone(),
-            c.theirs_p50.clone(),
-            Better::Lower,
-            3,
-        ));
-        results.rows.push(Row::new(
-            section,
-            what("p99"),
-            "ms",
-            c.ours_p99.clone(),
-            c.theirs_p99.clone(),
-            Better::Lower,
-            3,
-        ));
+        let figures = [
+            (
+                "requests/s",
+                "req/s",
+                &c.ours_rate,
+                &c.theirs_rate,
+                Better::Higher,
+                0,
+            ),
+            ("p50", "ms", &c.ours_p50, &c.theirs_p50, Better::Lower, 3),
+            ("p99", "ms", &c.ours_p99, &c.theirs_p99, Better::Lower, 3),
+        ];
+        for (q, unit, ours, theirs, better, decimals) in figures {
+            let (ours, theirs) = (ours.clone(), theirs.clone());
+            results.rows.push(Row::new(
+                section,
+                what(q),
+                unit,
+                ours,
+                theirs,
+                better,
+                decimals,
+            ));
+        }
         results.concurrency.push(c);
     }
     Ok(())
