@@ -631,28 +631,38 @@ async fn a_host_without_a_mechanism_refuses_or_runs_with_a_warning_as_the_grant_
     assert_eq!(bob_entry.warning.as_deref(), Some(warning));
 }
 
-/// The launcher as the daemon runs it for a piped command: the sandbox is
-/// set up, then it waits for the release byte; without it the program
-/// never runs.
+/// The launcher as the daemon runs it for a piped command: started ahead
+/// of need, it reads its arguments from stdin, sets up the sandbox, then
+/// waits for the release byte; without it the program never runs.
 #[test]
 fn the_launcher_runs_the_program_only_once_released() {
+    use portcullis::shell::sandbox::encode_args;
+    use std::ffi::OsString;
     use std::io::Write as _;
     use std::process::{Command, Stdio};
     let dir = std::env::temp_dir().join(format!("portcullis-release-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
     let marker = dir.join("ran");
+    // A waiting launcher, and the arguments the daemon would send it.
     let launcher = |extra: &[&str], script: &str| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"));
-        command
-            .arg("--rw")
-            .arg(&dir)
-            .args(["--deny-network", "--await-release"])
-            .args(extra)
-            .args(["--", "/bin/sh", "-c", script])
+        let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
+            .args(["--args-on-stdin", "--deny-network"])
+            .env_clear()
+            .current_dir("/")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        command.spawn().unwrap()
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut args: Vec<OsString> = vec!["--rw".into(), dir.clone().into()];
+        args.extend(["--deny-network", "--await-release"].map(OsString::from));
+        args.extend(extra.iter().map(OsString::from));
+        args.extend(["--env", "GREETING", "hi there"].map(OsString::from));
+        args.extend(["--cwd".into(), dir.clone().into(), "sub".into()]);
+        args.extend(["--", "/bin/sh", "-c", script].map(OsString::from));
+        let stdin = child.stdin.as_mut().unwrap();
+        stdin.write_all(&encode_args(&args)).unwrap();
+        child
     };
     let touch = format!("touch {}; cat", marker.display());
 
@@ -679,10 +689,51 @@ fn the_launcher_runs_the_program_only_once_released() {
     assert_eq!(out.stdout, b"hello");
     assert!(marker.exists());
 
+    // The environment is exactly the one sent, the working directory the
+    // one named beneath its root, and the network namespace its own.
+    let script = "env; pwd; readlink /proc/self/ns/net";
+    let mut child = launcher(&["--stdin-null"], script);
+    child.stdin.as_mut().unwrap().write_all(b"g").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let own_namespace = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let env: Vec<&str> = lines[..lines.len() - 2]
+        .iter()
+        .copied()
+        .filter(|l| !["PWD=", "SHLVL=", "_="].iter().any(|p| l.starts_with(p)))
+        .collect();
+    assert_eq!(env, ["GREETING=hi there"], "{stdout}");
+    assert_eq!(lines[lines.len() - 2], dir.join("sub").to_str().unwrap());
+    assert_ne!(lines[lines.len() - 1], own_namespace.to_str().unwrap());
+
     // --stdin-null: after the release the program reads /dev/null.
     let mut child = launcher(&["--stdin-null"], "readlink /proc/self/fd/0");
     child.stdin.as_mut().unwrap().write_all(b"g").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "/dev/null");
+
+    // A working directory that leaves its root: refused before anything ran.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
+        .arg("--args-on-stdin")
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let args = ["--cwd", dir.to_str().unwrap(), "../..", "--", "/bin/true"];
+    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&encode_args(&args))
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("working directory"),
+        "{out:?}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -108,6 +108,13 @@ impl Root {
         })
     }
 
+    /// The directory `terms.path` beneath the root, opened `O_PATH`: a
+    /// command's working directory.
+    pub fn open_dir(terms: &FileTerms) -> Result<OwnedFd, FileError> {
+        let flags = OFlags::PATH | OFlags::DIRECTORY;
+        Self::open(terms)?.open_at(&terms.path, flags, Mode::empty())
+    }
+
     pub fn id(&self) -> &str {
         &self.id
     }

@@ -13,12 +13,14 @@
 //! group (for a terminal, to its whole session): nothing a command started
 //! outlives it.
 
+mod pool;
 pub mod process;
 mod pty;
 pub mod sandbox;
 mod start;
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -26,7 +28,6 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use portcullis_policy::{Mode, Network, SandboxMode, ShellTerms, Terms};
-use rustix::fs::{Mode as FileMode, OFlags};
 use rustix::process::{Pid, Signal};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -230,18 +231,43 @@ pub(crate) async fn spawn(
         start_entry.wait().await?;
     }
     let skip = missing_mechanisms(terms)?;
-    let mut launch = launcher(terms, &program, args, &io, &skip)?;
-    launch.env_clear().envs(&terms.env).current_dir(cwd.path());
+    let mut launcher_args = confinement(terms, &io, &skip);
     let keep_stdin = matches!(io, Io::Piped { stdin: true });
-    match io {
+    let started = Instant::now();
+    let child = match io {
         Io::Piped { .. } => {
-            // stdin carries the release byte first.
-            launch
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+            // A launcher that is already waiting (`pool.rs`) reads all it
+            // needs from stdin, which then carries the release byte.
+            for (name, value) in &terms.env {
+                launcher_args.extend(["--env".into(), name.into(), value.into()]);
+            }
+            if let Some(file) = &terms.cwd {
+                let (root, path) = (file.host_root.clone(), file.path.clone());
+                launcher_args.extend(["--cwd".into(), root.into(), path.into()]);
+                if file.follow_symlinks {
+                    launcher_args.push("--cwd-follow-symlinks".into());
+                }
+            }
+            launcher_args.push("--".into());
+            launcher_args.push(program.into());
+            launcher_args.extend(args.iter().map(OsString::from));
+            let network_namespace = terms.network == Network::Deny
+                && !skip.iter().any(|(m, _)| *m == Mechanism::Network);
+            let mut child = pool::launcher(network_namespace)?;
+            if let Some(stdin) = child.stdin.as_mut() {
+                // A launcher that refused has exited; its status says why.
+                let _ = stdin.write_all(&sandbox::encode_args(&launcher_args)).await;
+            }
+            child
         }
         Io::Terminal(pty) => {
+            let mut launch = tokio::process::Command::new(launcher_path()?);
+            launch
+                .args(launcher_args)
+                .arg("--")
+                .arg(&program)
+                .args(args);
+            launch.env_clear().envs(&terms.env).current_dir(cwd.path());
             let [stdin, stdout, stderr] = pty
                 .stdio()
                 .map_err(|e| provider_error(format!("the terminal: {e}")))?;
@@ -249,16 +275,18 @@ pub(crate) async fn spawn(
             if !terms.env.contains_key("TERM") {
                 launch.env("TERM", DEFAULT_TERM);
             }
+            let child = launch
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| provider_error(format!("cannot start the command: {e}")))?;
+            // The child has changed into the directory and holds its
+            // terminal side (dropping `launch` closes ours, so the terminal
+            // ends with the child).
+            drop(launch);
+            child
         }
-    }
-    launch.kill_on_drop(true);
-    let started = Instant::now();
-    let child = launch
-        .spawn()
-        .map_err(|e| provider_error(format!("cannot start the command: {e}")))?;
-    // The child has changed into the directory and holds its terminal side
-    // (dropping `launch` closes ours, so the terminal ends with the child).
-    drop((cwd, launch));
+    };
+    drop(cwd);
     let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
     let sandbox_warning = (!skip.is_empty()).then(|| {
         let missing: Vec<String> = skip
@@ -569,30 +597,27 @@ fn missing_mechanisms(terms: &ShellTerms) -> Result<Vec<(Mechanism, String)>, Er
     ))
 }
 
-/// The launcher command: confine, then exec the program.
-fn launcher(
-    terms: &ShellTerms,
-    program: &Path,
-    args: &[String],
-    io: &Io,
-    skip: &[(Mechanism, String)],
-) -> Result<tokio::process::Command, ErrorBody> {
-    let mut command = tokio::process::Command::new(launcher_path()?);
+/// The launcher's arguments for the sandbox the terms ask for (the
+/// program and, for a piped command, the environment and working
+/// directory are added by the caller).
+fn confinement(terms: &ShellTerms, io: &Io, skip: &[(Mechanism, String)]) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
     for (mechanism, _) in skip {
-        command.arg("--skip").arg(mechanism.name());
+        args.extend(["--skip".into(), mechanism.name().into()]);
     }
     for (path, mode) in &terms.host_roots {
-        command.arg(if *mode == Mode::Rw { "--rw" } else { "--ro" });
-        command.arg(path);
+        let flag = if *mode == Mode::Rw { "--rw" } else { "--ro" };
+        args.extend([flag.into(), path.into()]);
     }
     if terms.network == Network::Deny {
-        command.arg("--deny-network");
+        args.push("--deny-network".into());
     }
-    match io {
-        Io::Terminal(_) => command.arg("--tty"),
-        Io::Piped { stdin: true } => command.arg("--await-release"),
-        Io::Piped { stdin: false } => command.args(["--await-release", "--stdin-null"]),
+    let io_flags: &[&str] = match io {
+        Io::Terminal(_) => &["--tty"],
+        Io::Piped { stdin: true } => &["--await-release"],
+        Io::Piped { stdin: false } => &["--await-release", "--stdin-null"],
     };
+    args.extend(io_flags.iter().map(OsString::from));
     let limits = [
         ("memory", terms.limits.memory),
         ("file_size", terms.limits.file_size),
@@ -600,11 +625,10 @@ fn launcher(
     ];
     for (name, value) in limits {
         if let Some(value) = value {
-            command.arg("--limit").arg(format!("{name}={value}"));
+            args.extend(["--limit".into(), format!("{name}={value}").into()]);
         }
     }
-    command.arg("--").arg(program).args(args);
-    Ok(command)
+    args
 }
 
 /// The program to run: as policy resolved it (and checked it against the
@@ -652,22 +676,20 @@ pub fn find_on_path(path: &str, name: &str) -> Option<String> {
         .and_then(|found| found.into_os_string().into_string().ok())
 }
 
-/// The command's working directory, opened beneath its root and named by
-/// descriptor (`/proc/self/fd/N`, which the child resolves before exec),
-/// so a symlink swapped in cannot move it outside. No `root_id`: `/`.
+/// The command's working directory, opened beneath its root (so a
+/// symlink swapped in cannot move it outside; no `root_id`: `/`). A
+/// terminal's launcher is started in it, by descriptor (`/proc/self/fd/N`,
+/// which the child resolves before exec); a piped command's launcher opens
+/// it again the same way (`--cwd`), and this open gives the request its
+/// error first.
 struct WorkingDir(Option<std::os::fd::OwnedFd>);
 
 impl WorkingDir {
     fn open(terms: &ShellTerms) -> Result<Self, ErrorBody> {
-        let Some(file) = &terms.cwd else {
-            return Ok(Self(None));
-        };
-        let root = Root::open(file).map_err(|e| e.into_body())?;
-        let flags = OFlags::PATH | OFlags::DIRECTORY;
-        let fd = root
-            .open_at(&file.path, flags, FileMode::empty())
-            .map_err(|e| e.into_body())?;
-        Ok(Self(Some(fd)))
+        match &terms.cwd {
+            Some(file) => Ok(Self(Some(Root::open_dir(file).map_err(|e| e.into_body())?))),
+            None => Ok(Self(None)),
+        }
     }
 
     fn path(&self) -> PathBuf {

@@ -7,23 +7,30 @@
 //!
 //! Usage: `portcullis-sandbox [--rw DIR]… [--ro DIR]… [--deny-network]
 //! [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
-//! [--skip MECHANISM]… -- PROGRAM [ARG…]`, or
-//! `portcullis-sandbox --probe`, which reports which mechanisms this host
-//! has (one `NAME=ok` or `NAME=REASON` line each); the daemon asks once.
+//! [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
+//! [--cwd-follow-symlinks]] -- PROGRAM [ARG…]`; or
+//! `portcullis-sandbox --args-on-stdin [--deny-network]`, which makes its
+//! session (and network namespace) and then reads those arguments from
+//! stdin ([`encode_args`]) — how the daemon starts launchers ahead of need
+//! (`pool.rs`); or `portcullis-sandbox --probe`, which reports which
+//! mechanisms this host has (one `NAME=ok` or `NAME=REASON` line each);
+//! the daemon asks once.
 //!
 //! In order: a session and process group of its own (so the daemon can
 //! end the whole group), with `--tty` its stdin as controlling terminal;
 //! with `--deny-network` a network namespace of its own (only a loopback
-//! that is down: no socket of any family reaches a network); the grant's
-//! rlimits and no core dumps; `no_new_privs` (no setuid gains); and a
-//! Landlock ruleset: read and execute the system's program paths, read
-//! the granted `ro` roots, read and write the `rw` roots, and, when the
-//! grant denies the network, no TCP connect or bind as well. If the kernel
-//! cannot enforce that (a network namespace; Landlock ABI 3, and 4 for the
-//! network rules) the launcher refuses to run the program — unless the
-//! daemon passed `--skip` for that mechanism, which it does only for a
-//! grant with `sandbox = "best_effort"` on a host whose probe said the
-//! mechanism is missing (and then records a warning in the audit entry).
+//! that is down: no socket of any family reaches a network); with `--cwd`
+//! the working directory, opened beneath its root as `file.*` requests
+//! open paths; the grant's rlimits and no core dumps; `no_new_privs` (no
+//! setuid gains); and a Landlock ruleset: read and execute the system's
+//! program paths, read the granted `ro` roots, read and write the `rw`
+//! roots, and, when the grant denies the network, no TCP connect or bind
+//! as well. If the kernel cannot enforce that (a network namespace;
+//! Landlock ABI 3, and 4 for the network rules) the launcher refuses to
+//! run the program — unless the daemon passed `--skip` for that mechanism,
+//! which it does only for a grant with `sandbox = "best_effort"` on a host
+//! whose probe said the mechanism is missing (and then records a warning
+//! in the audit entry).
 //!
 //! With `--await-release`, the last step before exec is to read one byte
 //! from stdin: the daemon sends [`RELEASE`] once the request's start entry
@@ -35,6 +42,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use portcullis_policy::FileTerms;
+
+use crate::files::confine::Root;
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
     RulesetCreatedAttr, RulesetStatus, path_beneath_rules,
@@ -73,6 +83,10 @@ pub struct SandboxArgs {
     limits: Vec<(Limit, u64)>,
     /// Mechanisms not to apply (the host lacks them; best-effort grant).
     skip: Vec<Mechanism>,
+    /// Added to the launcher's environment, which the daemon starts empty.
+    env: Vec<(OsString, OsString)>,
+    /// The working directory (otherwise the launcher's own).
+    cwd: Option<FileTerms>,
     /// The program (an absolute path) and its arguments.
     command: Vec<OsString>,
 }
@@ -97,6 +111,29 @@ impl SandboxArgs {
                     let arg = args.next().ok_or("--limit needs NAME=N")?;
                     parsed.limits.push(Limit::parse(&arg.to_string_lossy())?);
                 }
+                Some("--env") => {
+                    let name = args.next().ok_or("--env needs NAME VALUE")?;
+                    let value = args.next().ok_or("--env needs NAME VALUE")?;
+                    parsed.env.push((name, value));
+                }
+                Some("--cwd") => {
+                    let host_root = args.next().ok_or("--cwd needs ROOT PATH")?.into();
+                    let path = args.next().ok_or("--cwd needs ROOT PATH")?;
+                    let path = path.into_string().map_err(|_| "--cwd: PATH is not UTF-8")?;
+                    // Errors name the path only, as the daemon's do.
+                    parsed.cwd = Some(FileTerms {
+                        root: String::new(),
+                        path,
+                        mode: portcullis_policy::Mode::Ro,
+                        host_root,
+                        virtual_root: String::new(),
+                        follow_symlinks: false,
+                    });
+                }
+                Some("--cwd-follow-symlinks") => match parsed.cwd.as_mut() {
+                    Some(cwd) => cwd.follow_symlinks = true,
+                    None => return Err("--cwd-follow-symlinks needs a --cwd before it".into()),
+                },
                 Some("--skip") => {
                     let arg = args.next().ok_or("--skip needs a MECHANISM")?;
                     let name = arg.to_string_lossy();
@@ -116,37 +153,76 @@ impl SandboxArgs {
                 _ => return Err(format!("unexpected argument {}", arg.to_string_lossy())),
             }
         }
-        Err("usage: portcullis-sandbox [--rw DIR]... [--ro DIR]... [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... -- PROGRAM [ARG...]".into())
+        Err("usage: portcullis-sandbox [--rw DIR]... [--ro DIR]... [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]".into())
     }
 }
 
 /// The launcher's `main`.
 pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
-    let mut args = args.peekable();
-    if args.peek().is_some_and(|a| a == "--probe") {
-        for mechanism in Mechanism::ALL {
-            match mechanism.probe() {
-                Ok(()) => println!("{}=ok", mechanism.name()),
-                Err(reason) => println!("{}={reason}", mechanism.name()),
+    let args: Vec<OsString> = args.collect();
+    match args.first().and_then(|a| a.to_str()) {
+        Some("--probe") => {
+            for mechanism in Mechanism::ALL {
+                match mechanism.probe() {
+                    Ok(()) => println!("{}=ok", mechanism.name()),
+                    Err(reason) => println!("{}={reason}", mechanism.name()),
+                }
             }
+            ExitCode::SUCCESS
         }
-        return ExitCode::SUCCESS;
-    }
-    match SandboxArgs::parse(args) {
-        Ok(args) => run(args),
-        Err(e) => {
-            eprintln!("portcullis-sandbox: {e}");
-            ExitCode::from(EXIT_SANDBOX)
-        }
+        Some("--args-on-stdin") => waiting(&args[1..]),
+        _ => match SandboxArgs::parse(args.into_iter()) {
+            Ok(args) => run(args, Prepared::default()),
+            Err(e) => refuse(e),
+        },
     }
 }
 
-pub fn run(args: SandboxArgs) -> ExitCode {
-    let refuse = |what: String| {
-        eprintln!("portcullis sandbox: {what}; the command was not run");
-        ExitCode::from(EXIT_SANDBOX)
+/// The steps a launcher started ahead of need took before its arguments.
+#[derive(Debug, Default)]
+struct Prepared {
+    session: bool,
+    network_namespace: bool,
+}
+
+/// `--args-on-stdin [--deny-network]`: the steps that do not depend on the
+/// request, then the arguments from stdin.
+fn waiting(flags: &[OsString]) -> ExitCode {
+    let network_namespace = match flags {
+        [] => false,
+        [flag] if flag == "--deny-network" => true,
+        _ => return refuse("usage: portcullis-sandbox --args-on-stdin [--deny-network]"),
     };
     if let Err(e) = rustix::process::setsid() {
+        return refuse(format!("setsid: {e}"));
+    }
+    if network_namespace && let Err(e) = own_network_namespace() {
+        return refuse(format!("a network namespace of its own: {e}"));
+    }
+    let prepared = Prepared {
+        session: true,
+        network_namespace,
+    };
+    match read_args() {
+        // The daemon exited (or dropped it) before it was needed.
+        Ok(None) => ExitCode::from(EXIT_SANDBOX),
+        Ok(Some(args)) => match SandboxArgs::parse(args.into_iter()) {
+            Ok(args) => run(args, prepared),
+            Err(e) => refuse(e),
+        },
+        Err(e) => refuse(e),
+    }
+}
+
+fn refuse(what: impl std::fmt::Display) -> ExitCode {
+    eprintln!("portcullis sandbox: {what}; the command was not run");
+    ExitCode::from(EXIT_SANDBOX)
+}
+
+fn run(args: SandboxArgs, prepared: Prepared) -> ExitCode {
+    if !prepared.session
+        && let Err(e) = rustix::process::setsid()
+    {
         return refuse(format!("setsid: {e}"));
     }
     if args.tty
@@ -155,11 +231,22 @@ pub fn run(args: SandboxArgs) -> ExitCode {
         return refuse(format!("the terminal: {e}"));
     }
     let applies = |m: Mechanism| !args.skip.contains(&m);
-    if args.deny_network
-        && applies(Mechanism::Network)
+    let network_namespace = args.deny_network && applies(Mechanism::Network);
+    if prepared.network_namespace && !network_namespace {
+        return refuse(
+            "this launcher has a network namespace of its own but the command may use the network",
+        );
+    }
+    if network_namespace
+        && !prepared.network_namespace
         && let Err(e) = own_network_namespace()
     {
         return refuse(format!("a network namespace of its own: {e}"));
+    }
+    if let Some(cwd) = &args.cwd
+        && let Err(e) = change_dir(cwd)
+    {
+        return refuse(e);
     }
     let limits = args.limits.iter().copied().chain([(Limit::Core, 0)]);
     for (limit, value) in limits {
@@ -185,17 +272,106 @@ pub fn run(args: SandboxArgs) -> ExitCode {
         return refuse(e);
     }
     let Some((program, rest)) = args.command.split_first() else {
-        return refuse("no program".into());
+        return refuse("no program");
     };
     use std::os::unix::process::CommandExt as _;
-    // The environment and working directory are the ones the daemon set.
-    let error = std::process::Command::new(program).args(rest).exec();
+    let error = std::process::Command::new(program)
+        .args(rest)
+        .envs(args.env.iter().map(|(name, value)| (name, value)))
+        .exec();
     eprintln!("portcullis sandbox: {}: {error}", program.to_string_lossy());
     ExitCode::from(if error.kind() == std::io::ErrorKind::NotFound {
         127
     } else {
         126
     })
+}
+
+/// Changes into `--cwd`, opened beneath its root the way the daemon opens
+/// a request's paths (so a symlink swapped in cannot lead outside).
+fn change_dir(cwd: &FileTerms) -> Result<(), String> {
+    let dir = Root::open_dir(cwd)
+        .map_err(|e| format!("the working directory: {}", e.into_body().message))?;
+    rustix::process::fchdir(&dir).map_err(|e| format!("the working directory: {e}"))
+}
+
+/// Most bytes of arguments read from stdin (Linux's own limit for a
+/// command line is 2 MiB).
+const MAX_ARGS_ON_STDIN: usize = 2 << 20;
+
+/// Arguments as the daemon writes them to a launcher started with
+/// `--args-on-stdin`: the byte count of what follows (u32, big-endian),
+/// then each argument as its byte count (u32, big-endian) and its bytes.
+/// Lengths, not separators: an argument may hold any byte.
+pub fn encode_args(args: &[OsString]) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let body_len: usize = args.iter().map(|a| 4 + a.len()).sum();
+    let mut out = Vec::with_capacity(4 + body_len);
+    out.extend_from_slice(&(body_len as u32).to_be_bytes());
+    for arg in args {
+        out.extend_from_slice(&(arg.len() as u32).to_be_bytes());
+        out.extend_from_slice(arg.as_bytes());
+    }
+    out
+}
+
+/// The arguments in an [`encode_args`] body (without its leading count).
+pub fn decode_args(mut body: &[u8]) -> Result<Vec<OsString>, String> {
+    use std::os::unix::ffi::OsStringExt as _;
+    let mut args = Vec::new();
+    while !body.is_empty() {
+        let (len, rest) = split_u32(body).ok_or("arguments: a length is cut off")?;
+        if rest.len() < len {
+            return Err("arguments: an argument is cut off".into());
+        }
+        let (arg, rest) = rest.split_at(len);
+        args.push(OsString::from_vec(arg.to_vec()));
+        body = rest;
+    }
+    Ok(args)
+}
+
+fn split_u32(bytes: &[u8]) -> Option<(usize, &[u8])> {
+    let (head, rest) = bytes.split_first_chunk::<4>()?;
+    Some((u32::from_be_bytes(*head) as usize, rest))
+}
+
+/// Reads the arguments from stdin, exactly (what follows is the release
+/// byte and the program's input). `None`: stdin ended before they began.
+fn read_args() -> Result<Option<Vec<OsString>>, String> {
+    let mut head = [0u8; 4];
+    let read = |buf: &mut [u8]| read_exact_stdin(buf).map_err(|e| format!("arguments: {e}"));
+    match read(&mut head)? {
+        0 => return Ok(None),
+        4 => {}
+        _ => return Err("arguments: stdin ended inside their length".into()),
+    }
+    let len = u32::from_be_bytes(head) as usize;
+    if len > MAX_ARGS_ON_STDIN {
+        return Err(format!(
+            "arguments: {len} bytes is more than {MAX_ARGS_ON_STDIN}"
+        ));
+    }
+    let mut body = vec![0u8; len];
+    if read(&mut body)? != len {
+        return Err("arguments: stdin ended inside them".into());
+    }
+    decode_args(&body).map(Some)
+}
+
+/// Fills `buf` from fd 0 without reading beyond it (std's `Stdin` would
+/// buffer ahead); returns how much it filled before the end of input.
+fn read_exact_stdin(buf: &mut [u8]) -> Result<usize, String> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match rustix::io::read(std::io::stdin(), &mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(filled)
 }
 
 /// Waits for the daemon's [`RELEASE`] byte on stdin, reading exactly one
@@ -207,13 +383,7 @@ fn await_release(stdin_null: bool) -> Result<(), String> {
         false => None,
     };
     let mut byte = [0u8; 1];
-    let read = loop {
-        match rustix::io::read(std::io::stdin(), &mut byte) {
-            Err(rustix::io::Errno::INTR) => continue,
-            other => break other,
-        }
-    };
-    match read {
+    match read_exact_stdin(&mut byte) {
         Ok(1) if byte == RELEASE => {}
         Ok(_) => return Err("the gateway did not release the command".into()),
         Err(e) => return Err(format!("waiting for the release: {e}")),
@@ -395,4 +565,69 @@ fn own_network_namespace() -> std::io::Result<()> {
     std::fs::write("/proc/self/uid_map", format!("{0} {0} 1", uid.as_raw()))?;
     std::fs::write("/proc/self/gid_map", format!("{0} {0} 1", gid.as_raw()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::os::unix::ffi::OsStringExt as _;
+
+    proptest! {
+        /// Any arguments, any bytes in them, come back as they went.
+        #[test]
+        fn arguments_round_trip(args in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..20)) {
+            let args: Vec<OsString> = args.into_iter().map(OsString::from_vec).collect();
+            let encoded = encode_args(&args);
+            let (len, body) = split_u32(&encoded).unwrap();
+            prop_assert_eq!(len, body.len());
+            prop_assert_eq!(decode_args(body).unwrap(), args);
+        }
+
+        /// Cut anywhere inside an argument, the body is an error, not a
+        /// shorter list.
+        #[test]
+        fn a_cut_body_is_an_error(args in prop::collection::vec(prop::collection::vec(any::<u8>(), 1..40), 1..20), cut in any::<prop::sample::Index>()) {
+            let args: Vec<OsString> = args.into_iter().map(OsString::from_vec).collect();
+            let body = &encode_args(&args)[4..];
+            let cut = cut.index(body.len());
+            let ends = args.iter().scan(0, |end, a| { *end += 4 + a.len(); Some(*end) });
+            let boundaries: Vec<usize> = std::iter::once(0).chain(ends).collect();
+            prop_assume!(!boundaries.contains(&cut));
+            prop_assert!(decode_args(&body[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn parse_takes_environment_and_working_directory() {
+        let args = [
+            "--env",
+            "A",
+            "1=2",
+            "--cwd",
+            "/srv",
+            "sub",
+            "--cwd-follow-symlinks",
+            "--",
+            "/bin/true",
+        ];
+        let parsed = SandboxArgs::parse(args.iter().map(OsString::from)).unwrap();
+        assert_eq!(parsed.env, [("A".into(), "1=2".into())]);
+        let cwd = parsed.cwd.unwrap();
+        assert_eq!(
+            (cwd.host_root.to_str(), cwd.path.as_str()),
+            (Some("/srv"), "sub")
+        );
+        assert!(cwd.follow_symlinks);
+        let early = [
+            "--cwd-follow-symlinks",
+            "--cwd",
+            "/srv",
+            "sub",
+            "--",
+            "/bin/true",
+        ];
+        assert!(SandboxArgs::parse(early.iter().map(OsString::from)).is_err());
+        assert!(SandboxArgs::parse(["--env", "A"].iter().map(OsString::from)).is_err());
+    }
 }
