@@ -116,7 +116,14 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build();
     let result = match runtime {
-        Ok(runtime) => runtime.block_on(run(&args, &work)),
+        // On ^C or SIGTERM the run is dropped, which stops the gateway and
+        // sshd it started, and the work directory is removed below.
+        Ok(runtime) => runtime.block_on(async {
+            tokio::select! {
+                result = run(&args, &work) => result,
+                signal = interrupted() => Err(format!("stopped by {signal}")),
+            }
+        }),
         Err(e) => Err(format!("the async runtime: {e}")),
     };
     let _ = std::fs::remove_dir_all(&work);
@@ -126,6 +133,21 @@ fn main() -> std::process::ExitCode {
             eprintln!("portcullis-bench: {e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// The first SIGINT or SIGTERM.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
     }
 }
 

@@ -328,13 +328,34 @@ pub async fn requests(
             level,
             ..Default::default()
         };
+        // CPU per request, µs: the server's (the gateway; sshd with its
+        // reaped session processes and sftp-servers) and the client's (this
+        // process, with its reaped ssh clients).
+        let (mut server_cpu, mut client_cpu) = <((Spread, Spread), (Spread, Spread))>::default();
+        let own = || measure::cpu_seconds(std::process::id(), true);
+        let per_request =
+            |seconds: f64, latencies: &Latencies| seconds * 1e6 / latencies.len().max(1) as f64;
         for round in 0..args.rounds {
             eprintln!("requests, {level} in flight, round {}", round + 1);
+            let (server, client) = (measure::cpu_seconds(gateway.pid(), false), own());
             let (rate, mut latencies) = portcullis_requests(gateway, level, window).await?;
+            server_cpu.0.push(per_request(
+                measure::cpu_seconds(gateway.pid(), false) - server,
+                &latencies,
+            ));
+            client_cpu.0.push(per_request(own() - client, &latencies));
             c.ours_rate.push(rate);
             c.ours_p50.push(latencies.quantile_ms(0.5));
             c.ours_p99.push(latencies.quantile_ms(0.99));
+            let (server, client) = (measure::cpu_seconds(sshd.pid(), true), own());
             let (rate, mut latencies) = sftp_requests(sshd, &small, level, window).await?;
+            // The connections' processes are reaped (and counted) once gone.
+            settle().await;
+            server_cpu.1.push(per_request(
+                measure::cpu_seconds(sshd.pid(), true) - server,
+                &latencies,
+            ));
+            client_cpu.1.push(per_request(own() - client, &latencies));
             c.theirs_rate.push(rate);
             c.theirs_p50.push(latencies.quantile_ms(0.5));
             c.theirs_p99.push(latencies.quantile_ms(0.99));
@@ -356,6 +377,22 @@ pub async fn requests(
             ),
             ("p50", "ms", &c.ours_p50, &c.theirs_p50, Better::Lower, 3),
             ("p99", "ms", &c.ours_p99, &c.theirs_p99, Better::Lower, 3),
+            (
+                "server CPU per request",
+                "µs",
+                &server_cpu.0,
+                &server_cpu.1,
+                Better::Lower,
+                1,
+            ),
+            (
+                "client CPU per request",
+                "µs",
+                &client_cpu.0,
+                &client_cpu.1,
+                Better::Lower,
+                1,
+            ),
         ];
         for (q, unit, ours, theirs, better, decimals) in figures {
             let (ours, theirs) = (ours.clone(), theirs.clone());
