@@ -198,7 +198,13 @@ async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
         results.scale = Some(scale::run(args, &scale_gateway).await?);
     }
     results.write(&args.out, &args.chart)?;
-    eprintln!("wrote {} and {}", args.out.display(), args.chart.display());
+    match results.concurrency.is_empty() {
+        true => eprintln!(
+            "wrote {} (no chart: the requests part did not run)",
+            args.out.display()
+        ),
+        false => eprintln!("wrote {} and {}", args.out.display(), args.chart.display()),
+    }
     match results.scale.as_ref().map_or(0, |s| s.errors) {
         0 => Ok(()),
         n => Err(format!("the scale test saw {n} failed requests")),
