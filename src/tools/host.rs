@@ -260,17 +260,19 @@ impl Host {
             params,
             context: self.request.context.clone(),
         };
+        // One policy for the decision and the generation its entry names.
+        let policy = self.gateway.current_policy();
         let mut record = AuditRecord {
             kind: Kind::Request,
             started_at: jiff::Timestamp::now().to_string(),
             request_id: Some(id.to_string()),
             method: Some(method.to_string()),
             parent_request_id: Some(self.request.id.to_string()),
-            policy_generation: Some(self.gateway.current_policy().generation.clone()),
+            policy_generation: Some(policy.generation.clone()),
             ..self.record.clone()
         };
         record.tool = None;
-        let answer = self.decide_and_run(&request, &mut record);
+        let answer = self.decide_and_run(&policy, &request, &mut record);
         entry::complete(
             &mut record,
             answer.as_ref().ok(),
@@ -285,14 +287,14 @@ impl Host {
 
     fn decide_and_run(
         &self,
+        policy: &Arc<portcullis_policy::Policy>,
         request: &Request,
         record: &mut AuditRecord,
     ) -> Result<Value, ErrorBody> {
         let query = crate::server::query::query_for(request)?;
         entry::describe_target(record, &query.target);
-        let policy = self.gateway.current_policy();
         let decision =
-            portcullis_policy::decide(&policy, &self.principal, &query, jiff::Timestamp::now());
+            portcullis_policy::decide(policy, &self.principal, &query, jiff::Timestamp::now());
         record.capability = decision.capability.map(|c| c.as_str().to_string());
         record.rule = Some(decision.rule.clone());
         match decision.verdict {
@@ -333,7 +335,7 @@ impl Host {
                 .get("arguments")
                 .cloned()
                 .unwrap_or(json!({}));
-            return self.execute_tool(Registry::of(&policy).tool(name)?, args);
+            return self.execute_tool(Registry::of(policy).tool(name)?, args);
         }
         self.dispatch(request.clone(), decision.terms)
     }
