@@ -602,6 +602,9 @@ impl Session {
         })?;
         describe_target(record, &query.target);
         let policy = self.gateway.current_policy();
+        // The entry names the generation that decided, even if a reload
+        // came after `audit_record`.
+        record.policy_generation = Some(policy.generation.clone());
         let decision = decide(&policy, &self.principal, &query, jiff::Timestamp::now());
         record.capability = decision.capability.map(|c| c.as_str().to_string());
         record.rule = Some(decision.rule.clone());
