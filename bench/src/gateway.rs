@@ -114,6 +114,30 @@ max_processes = 512
         self.child.id()
     }
 
+    /// The gateway's audit commits so far, from `GET /v1/metrics` on its
+    /// admin socket.
+    pub async fn audit_commits(&self) -> Result<AuditCommits, String> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let error = |e: std::io::Error| format!("the gateway's admin socket: {e}");
+        let mut socket = tokio::net::UnixStream::connect(self.dir.join("admin.sock"))
+            .await
+            .map_err(error)?;
+        let ask = "GET /v1/metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+        socket.write_all(ask.as_bytes()).await.map_err(error)?;
+        let mut text = String::new();
+        socket.read_to_string(&mut text).await.map_err(error)?;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .ok_or_else(|| format!("the gateway's metrics have no {name}"))
+        };
+        Ok(AuditCommits {
+            commits: value("portcullis_audit_commit_seconds_count")?,
+            entries: value("portcullis_audit_entries_total")?,
+            seconds: value("portcullis_audit_commit_seconds_sum")?,
+        })
+    }
+
     /// A new authenticated session that has accepted every capability.
     pub async fn session(&self) -> Result<Client, ClientError> {
         let client = Client::connect(ClientOptions::new(
@@ -160,6 +184,26 @@ max_processes = 512
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         Ok(command)
+    }
+}
+
+/// Counters of the audit log's group commits (write, flush, fdatasync).
+#[derive(Clone, Copy)]
+pub struct AuditCommits {
+    commits: f64,
+    entries: f64,
+    seconds: f64,
+}
+
+impl AuditCommits {
+    /// Between `self` and `later`: the mean time of a commit in ms, and the
+    /// entries per commit.
+    pub fn until(self, later: Self) -> (f64, f64) {
+        let commits = (later.commits - self.commits).max(1.0);
+        (
+            (later.seconds - self.seconds) * 1e3 / commits,
+            (later.entries - self.entries) / commits,
+        )
     }
 }
 

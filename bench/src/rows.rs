@@ -332,13 +332,19 @@ pub async fn requests(
         // reaped session processes and sftp-servers) and the client's (this
         // process, with its reaped ssh clients).
         let (mut server_cpu, mut client_cpu) = <((Spread, Spread), (Spread, Spread))>::default();
+        // What each answer waited for: the audit log's group commits.
+        let (mut commit_ms, mut per_commit) = <(Spread, Spread)>::default();
         let own = || measure::cpu_seconds(std::process::id(), true);
         let per_request =
             |seconds: f64, latencies: &Latencies| seconds * 1e6 / latencies.len().max(1) as f64;
         for round in 0..args.rounds {
             eprintln!("requests, {level} in flight, round {}", round + 1);
             let (server, client) = (measure::cpu_seconds(gateway.pid(), false), own());
+            let commits = gateway.audit_commits().await?;
             let (rate, mut latencies) = portcullis_requests(gateway, level, window).await?;
+            let (ms, entries) = commits.until(gateway.audit_commits().await?);
+            commit_ms.push(ms);
+            per_commit.push(entries);
             server_cpu.0.push(per_request(
                 measure::cpu_seconds(gateway.pid(), false) - server,
                 &latencies,
@@ -391,6 +397,22 @@ pub async fn requests(
                 &client_cpu.0,
                 &client_cpu.1,
                 Better::Lower,
+                1,
+            ),
+            (
+                "audit group commit (write, flush, fdatasync), mean",
+                "ms",
+                &commit_ms,
+                &Spread::default(),
+                Better::Lower,
+                3,
+            ),
+            (
+                "audit entries per group commit",
+                "entries",
+                &per_commit,
+                &Spread::default(),
+                Better::Higher,
                 1,
             ),
         ];
