@@ -231,26 +231,13 @@ pub(crate) async fn spawn(
         start_entry.wait().await?;
     }
     let skip = missing_mechanisms(terms)?;
-    let mut launcher_args = confinement(terms, &io, &skip);
+    let launcher_args = launcher_args(terms, &program, args, &io, &skip);
     let keep_stdin = matches!(io, Io::Piped { stdin: true });
     let started = Instant::now();
     let child = match io {
         Io::Piped { .. } => {
-            // A launcher that is already waiting (`pool.rs`) reads all it
-            // needs from stdin, which then carries the release byte.
-            for (name, value) in &terms.env {
-                launcher_args.extend(["--env".into(), name.into(), value.into()]);
-            }
-            if let Some(file) = &terms.cwd {
-                let (root, path) = (file.host_root.clone(), file.path.clone());
-                launcher_args.extend(["--cwd".into(), root.into(), path.into()]);
-                if file.follow_symlinks {
-                    launcher_args.push("--cwd-follow-symlinks".into());
-                }
-            }
-            launcher_args.push("--".into());
-            launcher_args.push(program.into());
-            launcher_args.extend(args.iter().map(OsString::from));
+            // A launcher that is already waiting (`pool.rs`) reads its
+            // arguments from stdin, which then carries the release byte.
             let network_namespace = terms.network == Network::Deny
                 && !skip.iter().any(|(m, _)| *m == Mechanism::Network);
             let mut child = pool::launcher(network_namespace)?;
@@ -262,11 +249,7 @@ pub(crate) async fn spawn(
         }
         Io::Terminal(pty) => {
             let mut launch = tokio::process::Command::new(launcher_path()?);
-            launch
-                .args(launcher_args)
-                .arg("--")
-                .arg(&program)
-                .args(args);
+            launch.args(launcher_args);
             launch.env_clear().envs(&terms.env).current_dir(cwd.path());
             let [stdin, stdout, stderr] = pty
                 .stdio()
@@ -597,10 +580,17 @@ fn missing_mechanisms(terms: &ShellTerms) -> Result<Vec<(Mechanism, String)>, Er
     ))
 }
 
-/// The launcher's arguments for the sandbox the terms ask for (the
-/// program and, for a piped command, the environment and working
-/// directory are added by the caller).
-fn confinement(terms: &ShellTerms, io: &Io, skip: &[(Mechanism, String)]) -> Vec<OsString> {
+/// The launcher's arguments: the sandbox the terms ask for, then the
+/// program. A piped command's launcher, started ahead of need, gets its
+/// environment and working directory here too; a terminal's is started
+/// with them.
+fn launcher_args(
+    terms: &ShellTerms,
+    program: &Path,
+    command_args: &[String],
+    io: &Io,
+    skip: &[(Mechanism, String)],
+) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     for (mechanism, _) in skip {
         args.extend(["--skip".into(), mechanism.name().into()]);
@@ -628,6 +618,20 @@ fn confinement(terms: &ShellTerms, io: &Io, skip: &[(Mechanism, String)]) -> Vec
             args.extend(["--limit".into(), format!("{name}={value}").into()]);
         }
     }
+    if let Io::Piped { .. } = io {
+        for (name, value) in &terms.env {
+            args.extend(["--env".into(), name.into(), value.into()]);
+        }
+        if let Some(file) = &terms.cwd {
+            let (root, path) = (file.host_root.clone(), file.path.clone());
+            args.extend(["--cwd".into(), root.into(), path.into()]);
+            if file.follow_symlinks {
+                args.push("--cwd-follow-symlinks".into());
+            }
+        }
+    }
+    args.extend(["--".into(), program.into()]);
+    args.extend(command_args.iter().map(OsString::from));
     args
 }
 
