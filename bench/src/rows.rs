@@ -400,7 +400,7 @@ pub async fn requests(
                 1,
             ),
             (
-                "audit group commit (write, flush, fdatasync), mean",
+                "audit group commit (journal write, sled insert, fdatasync), mean",
                 "ms",
                 &commit_ms,
                 &Spread::default(),

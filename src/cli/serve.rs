@@ -62,6 +62,15 @@ pub fn serve(config: &Path) -> ExitCode {
         Ok(audit) => audit,
         Err(e) => return fail(e),
     };
+    let recovery = audit.recovery();
+    if recovery != portcullis_store::Recovery::default() {
+        warn!(
+            restored = recovery.restored,
+            discarded_bytes = recovery.discarded_bytes,
+            "the audit log recovered from an unclean stop: acknowledged entries put back from its \
+             journal, a half-written last write (never acknowledged) cut off"
+        );
+    }
     let remembered = match store.approvals() {
         Ok(remembered) => remembered,
         Err(e) => return fail(e),

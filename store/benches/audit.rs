@@ -39,7 +39,7 @@ fn main() {
         .build()
         .unwrap();
     let base = std::env::temp_dir().join(format!("portcullis-audit-bench-{}", std::process::id()));
-    for durability in [Durability::Fdatasync, Durability::SledFlush] {
+    for durability in [Durability::Fdatasync, Durability::Written] {
         for writers in [1usize, 16, 256] {
             let dir = base.join(format!("{durability:?}-{writers}"));
             let store = Store::open(&dir).unwrap();

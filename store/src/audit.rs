@@ -7,9 +7,12 @@
 //!
 //! so an edited, deleted or reordered entry breaks the chain at a place
 //! [`AuditLog::verify`] names. Appends go through one writer thread that
-//! takes every queued record, writes them as one sled batch, flushes, and
-//! `fdatasync`s sled's log file before answering: many concurrent requests
-//! share one flush, and nothing is acknowledged before it is on disk.
+//! takes every queued record, writes them to the journal
+//! ([`crate::journal`]) in one write and into sled's tree, and
+//! `fdatasync`s the journal before answering: many concurrent requests
+//! share one sync, and nothing is acknowledged before it is on disk. sled
+//! itself is flushed and synced when the journal has grown, at checkpoints
+//! and at shutdown; then the journal is emptied.
 
 use std::fs::File;
 use std::path::Path;
@@ -22,6 +25,7 @@ use tokio::sync::oneshot;
 
 use crate::StoreError;
 use crate::checkpoint::{AuditSigner, Checkpoint, PruneMarker};
+use crate::journal::{self, Journal};
 
 const TREE: &str = "audit";
 const CHECKPOINTS: &str = "audit_checkpoints";
@@ -35,6 +39,11 @@ const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// Records taken into one batch at most.
 const MAX_BATCH: usize = 4096;
+/// The journal's name in the store directory.
+const JOURNAL: &str = "audit.journal";
+/// sled is flushed, and the journal emptied, once the journal holds this
+/// much (some thousands of entries).
+const JOURNAL_LIMIT: u64 = 4 * 1024 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -202,11 +211,21 @@ pub struct LogStats {
 /// How far a group commit goes before it is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
-    /// sled's flush, then `fdatasync` of its log file: survives power loss.
+    /// Written to the journal and `fdatasync`ed: survives power loss.
     Fdatasync,
-    /// sled's flush alone (`sync_file_range`): survives a process crash, not
-    /// necessarily power loss. For measuring what the fdatasync costs.
-    SledFlush,
+    /// Written to the journal, not synced: survives a process crash, not
+    /// power loss. For measuring what the fdatasync costs.
+    Written,
+}
+
+/// What opening the log found in its journal.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Entries the journal held that sled had lost (after a crash), now
+    /// back in sled.
+    pub restored: u64,
+    /// Bytes of a half-written last group, never acknowledged, cut off.
+    pub discarded_bytes: u64,
 }
 
 /// Upper bounds (seconds) of the group-commit latency histogram.
@@ -215,8 +234,9 @@ pub const COMMIT_BUCKETS: [f64; 10] = [
 ];
 
 /// What the writer has committed since the log was opened: group commits,
-/// the entries in them, and how long each commit (write, flush, fdatasync)
-/// took. Shared between the writer thread and every handle.
+/// the entries in them, and how long each commit (journal write, sled
+/// insert, fdatasync) took. Shared between the writer thread and every
+/// handle.
 #[derive(Default)]
 struct CommitCounters {
     commits: AtomicU64,
@@ -277,6 +297,7 @@ pub struct AuditLog {
     /// The public half of the signer, when this log signs.
     public_key: Option<Vec<u8>>,
     counters: Arc<CommitCounters>,
+    recovery: Recovery,
 }
 
 impl AuditLog {
@@ -302,26 +323,20 @@ impl AuditLog {
             Some((key, _)) => key_seq(&key),
             None => 0,
         };
-        let (seq, hash) = match tree.last().map_err(|e| StoreError::Io(e.to_string()))? {
-            Some((key, value)) => {
-                let entry = decode(&key, &value)?;
-                (entry.seq, entry.hash)
-            }
-            None => (0, GENESIS.to_string()),
-        };
         // sled 0.34 persists with sync_file_range, which neither flushes the
         // drive's write cache nor the file's metadata: fdatasync its log too.
         let log_file = File::open(dir.join("db"))
             .map_err(|e| StoreError::Io(format!("sled log file: {e}")))?;
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let counters = Arc::new(CommitCounters::default());
-        let writer = Writer {
+        let (journal, found) = Journal::open(&dir.join(JOURNAL))
+            .map_err(|e| StoreError::Io(format!("audit journal {JOURNAL}: {e}")))?;
+        let mut writer = Writer {
             db: db.clone(),
             tree: tree.clone(),
             log_file,
+            journal,
             durability,
-            seq,
-            head: hash,
+            seq: 0,
+            head: GENESIS.to_string(),
             failed: false,
             checkpoints: checkpoints.clone(),
             meta: meta.clone(),
@@ -329,8 +344,18 @@ impl AuditLog {
             signer,
             signed_through,
             last_checkpoint: std::time::Instant::now(),
-            counters: counters.clone(),
+            counters: Arc::new(CommitCounters::default()),
         };
+        if let Some((key, value)) = tree.last().map_err(|e| StoreError::Io(e.to_string()))? {
+            let entry = decode(&key, &value)?;
+            (writer.seq, writer.head) = (entry.seq, entry.hash);
+        }
+        let recovery = Recovery {
+            restored: writer.restore(found.frames)?,
+            discarded_bytes: found.discarded,
+        };
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let counters = writer.counters.clone();
         let public_key = writer.public_key.clone();
         std::thread::Builder::new()
             .name("audit-writer".into())
@@ -344,7 +369,14 @@ impl AuditLog {
             jobs,
             public_key,
             counters,
+            recovery,
         })
+    }
+
+    /// What opening the log found in its journal (after a crash: entries
+    /// put back into sled, a torn last write cut off).
+    pub fn recovery(&self) -> Recovery {
+        self.recovery
     }
 
     /// The group commits so far, for metrics.
@@ -863,6 +895,7 @@ struct Writer {
     db: sled::Db,
     tree: sled::Tree,
     log_file: File,
+    journal: Journal,
     durability: Durability,
     seq: u64,
     head: String,
@@ -927,6 +960,9 @@ impl Writer {
             }
         }
         self.checkpoint_now();
+        if !self.failed {
+            let _ = self.settle();
+        }
     }
 
     fn prune(&mut self, bound: Retain) -> Result<u64, StoreError> {
@@ -972,7 +1008,7 @@ impl Writer {
         self.meta
             .insert(PRUNE_KEY, serde_json::to_vec(&marker).unwrap_or_default())
             .map_err(io)?;
-        self.sync().map_err(StoreError::Io)?;
+        self.settle().map_err(StoreError::Io)?;
         let mut entries = sled::Batch::default();
         for key in self.tree.range(..=last.seq.to_be_bytes()).keys() {
             entries.remove(key.map_err(io)?);
@@ -983,17 +1019,83 @@ impl Writer {
             checkpoints.remove(key.map_err(io)?);
         }
         self.checkpoints.apply_batch(checkpoints).map_err(io)?;
-        self.sync().map_err(StoreError::Io)?;
+        self.settle().map_err(StoreError::Io)?;
         Ok(count)
     }
 
-    /// sled's flush, then (unless measuring) fdatasync of its log file.
-    fn sync(&self) -> Result<(), String> {
+    /// Makes sled durable (its flush, then fdatasync of its log file), and
+    /// then empties the journal, whose entries sled now holds.
+    fn settle(&mut self) -> Result<(), String> {
         self.db.flush().map_err(|e| e.to_string())?;
-        match self.durability {
-            Durability::Fdatasync => self.log_file.sync_data().map_err(|e| e.to_string()),
-            Durability::SledFlush => Ok(()),
+        self.log_file.sync_data().map_err(|e| e.to_string())?;
+        self.journal
+            .clear()
+            .map_err(|e| format!("audit journal: {e}"))
+    }
+
+    /// The oldest entry's sequence number (0 when the tree is empty).
+    fn first_seq(&self) -> Result<u64, StoreError> {
+        let first = self
+            .tree
+            .first()
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        Ok(first.map_or(0, |(key, _)| key_seq(&key)))
+    }
+
+    /// Puts back into sled the journal's entries that it lost in a crash,
+    /// after checking that they continue the chain; then settles. Returns
+    /// how many were put back.
+    fn restore(&mut self, frames: Vec<Vec<u8>>) -> Result<u64, StoreError> {
+        let io = |e: sled::Error| StoreError::Io(e.to_string());
+        let mut restored = 0;
+        for payload in &frames {
+            let entry: Entry =
+                serde_json::from_slice(payload).map_err(|e| StoreError::Corrupt {
+                    seq: self.seq + 1,
+                    message: format!("in the journal: {e}"),
+                })?;
+            if entry.seq <= self.seq {
+                // sled kept it (it must be the same), lost it while keeping
+                // later ones (put it back), or it was pruned since (skip).
+                let key = entry.seq.to_be_bytes();
+                match self.tree.get(key).map_err(io)? {
+                    Some(stored) if decode(&key, &stored)?.hash != entry.hash => {
+                        return Err(StoreError::Corrupt {
+                            seq: entry.seq,
+                            message: "the journal and the log hold different entries".into(),
+                        });
+                    }
+                    Some(_) => {}
+                    None if self.first_seq()? < entry.seq => {
+                        self.tree.insert(key, payload.as_slice()).map_err(io)?;
+                        restored += 1;
+                    }
+                    None => {}
+                }
+                continue;
+            }
+            if entry.seq != self.seq + 1
+                || entry.prev != self.head
+                || entry.hash != entry_hash(entry.seq, &entry.prev, &entry.record)
+            {
+                return Err(StoreError::Corrupt {
+                    seq: entry.seq,
+                    message: format!(
+                        "the journal's entry does not continue the log (which ends at {})",
+                        self.seq
+                    ),
+                });
+            }
+            self.tree
+                .insert(entry.seq.to_be_bytes(), payload.as_slice())
+                .map_err(io)?;
+            (self.seq, self.head) = (entry.seq, entry.hash);
+            restored += 1;
         }
+        if !frames.is_empty() {
+            self.settle().map_err(StoreError::Io)?;
+        }
+        Ok(restored)
     }
 
     fn checkpoint_now(&mut self) {
@@ -1016,9 +1118,8 @@ impl Writer {
         let written = self
             .checkpoints
             .insert(self.seq.to_be_bytes(), value)
-            .and_then(|_| self.db.flush().map(|_| ()))
             .map_err(|e| e.to_string())
-            .and_then(|()| self.log_file.sync_data().map_err(|e| e.to_string()));
+            .and_then(|_| self.settle());
         if written.is_ok() {
             self.signed_through = self.seq;
             self.last_checkpoint = std::time::Instant::now();
@@ -1036,8 +1137,8 @@ impl Writer {
             return records.iter().map(|_| Err(StoreError::Failed)).collect();
         }
         let (mut seq, mut head) = (self.seq, self.head.clone());
-        let mut batch = sled::Batch::default();
-        let mut seqs = Vec::with_capacity(records.len());
+        let mut frames = Vec::new();
+        let mut values = Vec::with_capacity(records.len());
         for record in &records {
             seq += 1;
             let hash = entry_hash(seq, &head, record);
@@ -1048,18 +1149,41 @@ impl Writer {
                 hash: hash.clone(),
             };
             let value = serde_json::to_vec(&entry).unwrap_or_default();
-            batch.insert(&seq.to_be_bytes(), value);
-            seqs.push(seq);
+            journal::frame(&value, &mut frames);
+            values.push((seq, value));
             head = hash;
         }
+        let seqs: Vec<u64> = values.iter().map(|(seq, _)| *seq).collect();
+        // Into sled before the sync, so an acknowledged entry is also one
+        // that `get` and `list` find; sled writes it out later (settle).
+        // One insert each, not a sled batch: in sled 0.34 every batch writes
+        // out sled's log buffer at once, which is the IO the journal avoids
+        // (the journal, not sled, makes a group atomic).
         let durable = self
-            .tree
-            .apply_batch(batch)
-            .and_then(|()| self.db.flush().map(|_| ()))
-            .map_err(|e| e.to_string())
+            .journal
+            .write(&frames)
+            .map_err(|e| format!("audit journal: {e}"))
+            .and_then(|()| {
+                values.into_iter().try_for_each(|(seq, value)| {
+                    self.tree
+                        .insert(seq.to_be_bytes(), value)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
             .and_then(|()| match self.durability {
-                Durability::Fdatasync => self.log_file.sync_data().map_err(|e| e.to_string()),
-                Durability::SledFlush => Ok(()),
+                Durability::Fdatasync => self
+                    .journal
+                    .sync()
+                    .map_err(|e| format!("audit journal: {e}")),
+                Durability::Written => Ok(()),
+            })
+            .and_then(|()| {
+                if self.journal.len() >= JOURNAL_LIMIT {
+                    self.settle()
+                } else {
+                    Ok(())
+                }
             });
         match durable {
             Ok(()) => {
@@ -1231,25 +1355,167 @@ mod tests {
         let _ = (std::fs::remove_dir_all(dir), std::fs::remove_dir_all(dir2));
     }
 
+    /// Opens the store in `dir` again, once the writer thread of the last
+    /// handle (which holds the database until its queue closes) has let go.
+    fn reopen(dir: &std::path::Path) -> Store {
+        for _ in 0..200 {
+            if let Ok(store) = Store::open(dir) {
+                return store;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("the store did not reopen");
+    }
+
     #[test]
     fn the_chain_continues_after_reopening() {
         let (store, log, dir) = log_with("reopen", 5);
         drop(log);
         drop(store);
-        // The writer thread holds the database until it sees its queue close.
-        let mut reopened = None;
-        for _ in 0..200 {
-            if let Ok(store) = Store::open(&dir) {
-                reopened = Some(store);
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let store = reopened.expect("the store reopens");
+        let store = reopen(&dir);
         let log = store.audit(None).unwrap();
+        assert_eq!(log.recovery(), Recovery::default());
         assert_eq!(log.append_blocking(record(6)).unwrap(), 6);
         let report = log.verify(None).unwrap();
         assert_eq!((report.entries, report.error), (6, None));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    const CRASH_CHILD: &str = "PORTCULLIS_STORE_CRASH_CHILD";
+
+    /// A process appends entries and aborts right after the last one is
+    /// acknowledged, before sled is flushed: reopening puts them back from
+    /// the journal, and a torn write after them is cut off.
+    #[test]
+    fn acknowledged_entries_survive_a_crash() {
+        const N: u64 = 300;
+        if let Some(dir) = std::env::var_os(CRASH_CHILD) {
+            let store = Store::open(std::path::Path::new(&dir)).unwrap();
+            let log = store.audit(None).unwrap();
+            for i in 1..=N {
+                log.append_blocking(record(i)).unwrap();
+            }
+            std::process::abort();
+        }
+        let dir = temp("crash");
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "audit::tests::acknowledged_entries_survive_a_crash",
+                "--exact",
+                "--nocapture",
+            ])
+            .env(CRASH_CHILD, &dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!status.success(), "the child aborts");
+        let sled_held = {
+            let db = sled::open(&dir).unwrap();
+            db.open_tree(TREE).unwrap().len() as u64
+        };
+        // A half-written next group.
+        let mut torn = Vec::new();
+        journal::frame(b"{\"seq\":301", &mut torn);
+        torn.truncate(torn.len() - 3);
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join(JOURNAL))
+            .unwrap();
+        std::io::Write::write_all(&mut file, &torn).unwrap();
+
+        let store = Store::open(&dir).unwrap();
+        let log = store.audit(None).unwrap();
+        let recovery = log.recovery();
+        assert!(sled_held < N, "sled lost entries in the crash");
+        assert_eq!(recovery.restored, N - sled_held);
+        assert_eq!(recovery.discarded_bytes, torn.len() as u64);
+        let report = log.verify(None).unwrap();
+        assert_eq!((report.entries, report.error), (N, None));
+        assert_eq!(log.append_blocking(record(N + 1)).unwrap(), N + 1);
+        assert!(std::fs::metadata(dir.join(JOURNAL)).unwrap().len() > 0);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// sled lost an entry but kept later ones: the journal puts it back.
+    #[test]
+    fn the_journal_fills_a_hole_sled_left() {
+        let (store, log, dir) = log_with("hole", 5);
+        let entries: Vec<Entry> = (3..=5).map(|seq| log.get(seq).unwrap().unwrap()).collect();
+        drop(log);
+        drop(store);
+        drop(reopen(&dir));
+        {
+            let db = sled::open(&dir).unwrap();
+            db.open_tree(TREE)
+                .unwrap()
+                .remove(3u64.to_be_bytes())
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let mut bytes = Vec::new();
+        for entry in &entries {
+            journal::frame(&serde_json::to_vec(entry).unwrap(), &mut bytes);
+        }
+        std::fs::write(dir.join(JOURNAL), &bytes).unwrap();
+        let store = reopen(&dir);
+        let log = store.audit(None).unwrap();
+        assert_eq!(log.recovery().restored, 1);
+        let report = log.verify(None).unwrap();
+        assert_eq!((report.entries, report.error), (5, None));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A journal whose entries do not continue the log (a gap, an edited
+    /// entry) is refused, not silently merged or dropped.
+    #[test]
+    fn a_journal_that_does_not_continue_the_log_is_refused() {
+        let (store, log, dir) = log_with("foreign-journal", 3);
+        let entry = |seq: u64, prev: &str| {
+            let record = record(seq);
+            Entry {
+                seq,
+                prev: prev.to_string(),
+                hash: entry_hash(seq, prev, &record),
+                record,
+            }
+        };
+        let third = log.get(3).unwrap().unwrap();
+        drop(log);
+        drop(store);
+        let store = reopen(&dir);
+        drop(store);
+        let cases = [
+            ("a gap", entry(5, &third.hash)),
+            ("a wrong prev", entry(4, GENESIS)),
+            (
+                "a wrong hash",
+                Entry {
+                    hash: GENESIS.into(),
+                    ..entry(4, &third.hash)
+                },
+            ),
+            ("a changed stored entry", {
+                let mut changed = record(3);
+                changed.detail = Some("edited".into());
+                Entry {
+                    seq: 3,
+                    prev: third.prev.clone(),
+                    hash: entry_hash(3, &third.prev, &changed),
+                    record: changed,
+                }
+            }),
+        ];
+        for (what, bad) in cases {
+            let mut bytes = Vec::new();
+            journal::frame(&serde_json::to_vec(&bad).unwrap(), &mut bytes);
+            std::fs::write(dir.join(JOURNAL), &bytes).unwrap();
+            let store = reopen(&dir);
+            match store.audit(None) {
+                Err(StoreError::Corrupt { seq, .. }) => assert_eq!(seq, bad.seq, "{what}"),
+                Err(other) => panic!("{what}: {other}"),
+                Ok(_) => panic!("{what}: accepted"),
+            }
+        }
         let _ = std::fs::remove_dir_all(dir);
     }
 
