@@ -1,7 +1,8 @@
 //! `cargo bench -p portcullis-store`: durable audit appends per second with
 //! 1, 16 and 256 concurrent writers, and the latency of one append (which is
 //! the group-commit latency its caller waits for), with and without the
-//! fdatasync that makes sled's flush survive power loss. Printed, not asserted.
+//! journal's fdatasync that makes them survive power loss. Printed, not
+//! asserted.
 
 use std::time::{Duration, Instant};
 
