@@ -284,17 +284,41 @@ async fn the_sandbox_confines_files_network_and_resources() {
     let allowed = bob.request("shell.exec", connect).await.unwrap();
     assert_eq!(allowed["stdout"], "connected\n", "{allowed}");
 
-    // UDP, which Landlock does not cover: the denied child has a network
-    // namespace of its own, with no route anywhere.
+    // UDP, which Landlock does not cover: seccomp refuses the socket.
     let udp = json!({"command": ["bash", "-c", format!("echo hi > /dev/udp/127.0.0.1/{port} && echo sent")]});
     let denied = alice.request("shell.exec", udp.clone()).await.unwrap();
     assert_ne!(denied["exit_code"], 0, "{denied}");
     assert!(
-        denied["stderr"].as_str().unwrap().contains("unreachable"),
+        denied["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Permission denied"),
         "{denied}"
     );
     let allowed = bob.request("shell.exec", udp).await.unwrap();
     assert_eq!(allowed["stdout"], "sent\n", "{allowed}");
+
+    // A host service on an abstract UNIX socket (no file for Landlock's
+    // filesystem rules to guard): out of reach under network = "deny".
+    use std::os::linux::net::SocketAddrExt as _;
+    let name = format!("portcullis-test-{}", std::process::id());
+    let address = std::os::unix::net::SocketAddr::from_abstract_name(&name).unwrap();
+    let _service = std::os::unix::net::UnixListener::bind_addr(&address).unwrap();
+    let perl = format!(
+        r#"perl -MSocket -e 'socket(my $s, AF_UNIX, SOCK_STREAM, 0) or die "socket: $!\n"; connect($s, pack_sockaddr_un("\0{name}")) or die "connect: $!\n"; print "connected\n"'"#
+    );
+    let connect = json!({"command": ["bash", "-c", perl]});
+    let denied = alice.request("shell.exec", connect.clone()).await.unwrap();
+    assert_ne!(denied["exit_code"], 0, "{denied}");
+    assert!(
+        denied["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("connect: Operation not permitted"),
+        "{denied}"
+    );
+    let allowed = bob.request("shell.exec", connect).await.unwrap();
+    assert_eq!(allowed["stdout"], "connected\n", "{allowed}");
 
     // The grant's rlimits: a file cannot grow past 1 MiB.
     let limits = alice
@@ -323,7 +347,7 @@ async fn the_sandbox_confines_files_network_and_resources() {
         .unwrap()
         .len();
     assert_eq!(big, 1 << 20);
-    gw.assert_requests_audited(6);
+    gw.assert_requests_audited(8);
 }
 
 /// Everything a `shell.start` streamed, and its response.
@@ -646,7 +670,7 @@ fn the_launcher_runs_the_program_only_once_released() {
     // A waiting launcher, and the arguments the daemon would send it.
     let launcher = |extra: &[&str], script: &str| {
         let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
-            .args(["--args-on-stdin", "--deny-network"])
+            .arg("--args-on-stdin")
             .env_clear()
             .current_dir("/")
             .stdin(Stdio::piped())
@@ -690,15 +714,14 @@ fn the_launcher_runs_the_program_only_once_released() {
     assert!(marker.exists());
 
     // The environment is exactly the one sent, the working directory the
-    // one named beneath its root, and the network namespace its own.
-    let script = "env; pwd; readlink /proc/self/ns/net";
+    // one named beneath its root, and a seccomp filter (the network's) on.
+    let script = "env; pwd; grep Seccomp: /proc/self/status";
     let mut child = launcher(&["--stdin-null"], script);
     child.stdin.as_mut().unwrap().write_all(b"g").unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
-    let own_namespace = std::fs::read_link("/proc/self/ns/net").unwrap();
     let env: Vec<&str> = lines[..lines.len() - 2]
         .iter()
         .copied()
@@ -706,7 +729,7 @@ fn the_launcher_runs_the_program_only_once_released() {
         .collect();
     assert_eq!(env, ["GREETING=hi there"], "{stdout}");
     assert_eq!(lines[lines.len() - 2], dir.join("sub").to_str().unwrap());
-    assert_ne!(lines[lines.len() - 1], own_namespace.to_str().unwrap());
+    assert_eq!(lines[lines.len() - 1], "Seccomp:\t2", "{stdout}");
 
     // --stdin-null: after the release the program reads /dev/null.
     let mut child = launcher(&["--stdin-null"], "readlink /proc/self/fd/0");

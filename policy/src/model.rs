@@ -88,8 +88,8 @@ pub struct ShellGrant {
     pub survive_revocation: bool,
 }
 
-/// When the host lacks a confinement mechanism a command needs (Landlock,
-/// a network namespace), a grant either refuses to run commands or runs
+/// When the host lacks a confinement mechanism a command needs (Landlock;
+/// for a denied network Landlock ABI 6 and seccomp), a grant either refuses to run commands or runs
 /// them with what the host has, recording a warning in the audit entry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -238,9 +238,7 @@ pub(crate) async fn spawn(
         Io::Piped { .. } => {
             // A launcher that is already waiting (`pool.rs`) reads its
             // arguments from stdin, which then carries the release byte.
-            let network_namespace = terms.network == Network::Deny
-                && !skip.iter().any(|(m, _)| *m == Mechanism::Network);
-            let mut child = pool::launcher(network_namespace)?;
+            let mut child = pool::launcher()?;
             if let Some(stdin) = child.stdin.as_mut() {
                 // A launcher that refused has exited; its status says why.
                 let _ = stdin.write_all(&sandbox::encode_args(&launcher_args)).await;

@@ -9,25 +9,23 @@
 //! [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
 //! [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
 //! [--cwd-follow-symlinks]] -- PROGRAM [ARG…]`; or
-//! `portcullis-sandbox --args-on-stdin [--deny-network]`, which makes its
-//! session (and network namespace) and then reads those arguments from
-//! stdin ([`encode_args`]) — how the daemon starts launchers ahead of need
+//! `portcullis-sandbox --args-on-stdin`, which makes its session and then
+//! reads those arguments from stdin ([`encode_args`]) — how the daemon starts launchers ahead of need
 //! (`pool.rs`); or `portcullis-sandbox --probe`, which reports which
 //! mechanisms this host has (one `NAME=ok` or `NAME=REASON` line each);
 //! the daemon asks once.
 //!
 //! In order: a session and process group of its own (so the daemon can
 //! end the whole group), with `--tty` its stdin as controlling terminal;
-//! with `--deny-network` a network namespace of its own (only a loopback
-//! that is down: no socket of any family reaches a network); with `--cwd`
-//! the working directory, opened beneath its root as `file.*` requests
-//! open paths; the grant's rlimits and no core dumps; `no_new_privs` (no
-//! setuid gains); and a Landlock ruleset: read and execute the system's
-//! program paths, read the granted `ro` roots, read and write the `rw`
-//! roots, and, when the grant denies the network, no TCP connect or bind
-//! as well. If the kernel cannot enforce that (a network namespace;
-//! Landlock ABI 3, and 4 for the network rules) the launcher refuses to
-//! run the program — unless the daemon passed `--skip` for that mechanism,
+//! with `--cwd` the working directory, opened beneath its root as `file.*`
+//! requests open paths; the grant's rlimits and no core dumps;
+//! `no_new_privs` (no setuid gains); a Landlock ruleset: read and execute
+//! the system's program paths, read the granted `ro` roots, read and write
+//! the `rw` roots; and with `--deny-network` no network (see
+//! [`deny_network`]): Landlock's TCP rules and its abstract-socket scope,
+//! and a seccomp filter that refuses sockets of every family but
+//! `AF_UNIX`. If the kernel cannot enforce that (Landlock ABI 3, and 6 for
+//! the network; seccomp) the launcher refuses to run the program — unless the daemon passed `--skip` for that mechanism,
 //! which it does only for a grant with `sandbox = "best_effort"` on a host
 //! whose probe said the mechanism is missing (and then records a warning
 //! in the audit entry).
@@ -47,7 +45,7 @@ use portcullis_policy::FileTerms;
 use crate::files::confine::Root;
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, path_beneath_rules,
+    RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
 
 /// Exit status when the sandbox could not be set up (the program never
@@ -71,7 +69,7 @@ pub struct SandboxArgs {
     rw: Vec<PathBuf>,
     /// Directories the program may read.
     ro: Vec<PathBuf>,
-    /// No network: a namespace of its own, and no TCP connect or bind.
+    /// No network: see [`deny_network`].
     deny_network: bool,
     /// Make stdin (a terminal) the controlling terminal.
     tty: bool,
@@ -182,27 +180,18 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
 #[derive(Debug, Default)]
 struct Prepared {
     session: bool,
-    network_namespace: bool,
 }
 
-/// `--args-on-stdin [--deny-network]`: the steps that do not depend on the
-/// request, then the arguments from stdin.
+/// `--args-on-stdin`: the steps that do not depend on the request, then
+/// the arguments from stdin.
 fn waiting(flags: &[OsString]) -> ExitCode {
-    let network_namespace = match flags {
-        [] => false,
-        [flag] if flag == "--deny-network" => true,
-        _ => return refuse("usage: portcullis-sandbox --args-on-stdin [--deny-network]"),
-    };
+    if !flags.is_empty() {
+        return refuse("usage: portcullis-sandbox --args-on-stdin");
+    }
     if let Err(e) = rustix::process::setsid() {
         return refuse(format!("setsid: {e}"));
     }
-    if network_namespace && let Err(e) = own_network_namespace() {
-        return refuse(format!("a network namespace of its own: {e}"));
-    }
-    let prepared = Prepared {
-        session: true,
-        network_namespace,
-    };
+    let prepared = Prepared { session: true };
     match read_args() {
         // The daemon exited (or dropped it) before it was needed.
         Ok(None) => ExitCode::from(EXIT_SANDBOX),
@@ -231,18 +220,6 @@ fn run(args: SandboxArgs, prepared: Prepared) -> ExitCode {
         return refuse(format!("the terminal: {e}"));
     }
     let applies = |m: Mechanism| !args.skip.contains(&m);
-    let network_namespace = args.deny_network && applies(Mechanism::Network);
-    if prepared.network_namespace && !network_namespace {
-        return refuse(
-            "this launcher has a network namespace of its own but the command may use the network",
-        );
-    }
-    if network_namespace
-        && !prepared.network_namespace
-        && let Err(e) = own_network_namespace()
-    {
-        return refuse(format!("a network namespace of its own: {e}"));
-    }
     if let Some(cwd) = &args.cwd
         && let Err(e) = change_dir(cwd)
     {
@@ -262,7 +239,13 @@ fn run(args: SandboxArgs, prepared: Prepared) -> ExitCode {
         return refuse(format!("no_new_privs: {e}"));
     }
     if applies(Mechanism::Landlock)
-        && let Err(e) = landlock(&args, applies(Mechanism::Network))
+        && let Err(e) = landlock(&args)
+    {
+        return refuse(e);
+    }
+    if args.deny_network
+        && applies(Mechanism::Network)
+        && let Err(e) = deny_network()
     {
         return refuse(e);
     }
@@ -394,19 +377,13 @@ fn await_release(stdin_null: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// Landlock as strict as the kernel allows, but never weaker than: the
-/// filesystem rights of ABI 3 (which covers truncate), and with
-/// `--deny-network` (unless the network mechanism is skipped) the TCP
-/// rules of ABI 4. Those are required; the newer rights (ABI 5's device
-/// ioctls) are applied where the kernel has them.
-fn landlock(args: &SandboxArgs, network: bool) -> Result<(), String> {
+/// Landlock as strict as the kernel allows, but never weaker than the
+/// filesystem rights of ABI 3 (which covers truncate). Those are required;
+/// the newer rights (ABI 5's device ioctls) are applied where the kernel
+/// has them.
+fn landlock(args: &SandboxArgs) -> Result<(), String> {
     let error = |e: landlock::RulesetError| format!("Landlock: {e}");
-    let mut ruleset = required_filesystem_rules().map_err(error)?;
-    if args.deny_network && network {
-        ruleset = ruleset
-            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
-            .map_err(error)?;
-    }
+    let ruleset = required_filesystem_rules().map_err(error)?;
     let newest = ABI::V5;
     let ruleset = ruleset
         .set_compatibility(CompatLevel::BestEffort)
@@ -440,12 +417,83 @@ fn required_filesystem_rules() -> Result<Ruleset, landlock::RulesetError> {
         .handle_access(AccessFs::from_all(ABI::V3))
 }
 
+/// No network, in two layers, each refusing what the other cannot see.
+///
+/// Landlock (a second ruleset, stacked on the filesystem one): no TCP
+/// connect or bind (ABI 4), and no connecting to an abstract UNIX socket
+/// made outside this sandbox (ABI 6) — a host's abstract sockets are
+/// services, not files, so the filesystem rules do not reach them.
+///
+/// seccomp: `socket` and `socketpair` of any family but `AF_UNIX` fail with
+/// `EACCES` (UDP, raw, netlink, vsock… which Landlock does not cover), and
+/// so does `io_uring_setup` (io_uring can open sockets without `socket`).
+/// A syscall of another ABI (i386 through `int 0x80`) kills the process;
+/// x32's numbers are refused like the native ones.
+///
+/// Pathname UNIX sockets are files: the Landlock filesystem rules decide
+/// which can be made. This replaced a network namespace per command,
+/// whose creation and teardown cost more CPU than `/bin/true` itself.
+fn deny_network() -> Result<(), String> {
+    let error = |e: landlock::RulesetError| format!("Landlock (network): {e}");
+    let status = network_rules()
+        .and_then(|ruleset| ruleset.create())
+        .and_then(|ruleset| ruleset.restrict_self())
+        .map_err(error)?;
+    if status.ruleset == RulesetStatus::NotEnforced {
+        return Err("Landlock's network rules are not enforced on this kernel".into());
+    }
+    let program = no_sockets_filter().map_err(|e| format!("seccomp: {e}"))?;
+    seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}"))
+}
+
+fn network_rules() -> Result<Ruleset, landlock::RulesetError> {
+    Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?
+        .scope(Scope::AbstractUnixSocket)
+}
+
+/// The seccomp program of [`deny_network`].
+fn no_sockets_filter() -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    };
+    let not_unix = SeccompRule::new(vec![SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Ne,
+        libc::AF_UNIX as u64,
+    )?])?;
+    let mut refused = vec![
+        (libc::SYS_socket, vec![not_unix.clone()]),
+        (libc::SYS_socketpair, vec![not_unix.clone()]),
+        (libc::SYS_io_uring_setup, vec![]),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    {
+        const X32: i64 = 0x4000_0000;
+        refused.extend([
+            (X32 | libc::SYS_socket, vec![not_unix.clone()]),
+            (X32 | libc::SYS_socketpair, vec![not_unix]),
+            (X32 | libc::SYS_io_uring_setup, vec![]),
+        ]);
+    }
+    let arch = std::env::consts::ARCH.try_into()?;
+    SeccompFilter::new(
+        refused.into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EACCES as u32),
+        arch,
+    )?
+    .try_into()
+}
+
 /// The confinement mechanisms a host may lack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mechanism {
     /// Landlock filesystem rules (ABI 3).
     Landlock,
-    /// A network namespace of its own, plus Landlock's TCP rules (ABI 4);
+    /// Landlock's TCP rules and abstract-socket scope (ABI 6) and seccomp;
     /// needed only by grants with `network = "deny"`.
     Network,
 }
@@ -469,21 +517,12 @@ impl Mechanism {
         if pretend.split(',').any(|name| name == self.name()) {
             return Err("missing (PORTCULLIS_SANDBOX_PRETEND_MISSING)".into());
         }
-        let created = |ruleset: Result<Ruleset, landlock::RulesetError>| {
-            ruleset
-                .and_then(|r| r.create().map(drop))
-                .map_err(|e| format!("Landlock: {e}"))
-        };
         match self {
-            Self::Landlock => created(required_filesystem_rules()),
-            Self::Network => {
-                created(
-                    Ruleset::default()
-                        .set_compatibility(CompatLevel::HardRequirement)
-                        .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp),
-                )?;
-                own_network_namespace().map_err(|e| format!("a network namespace: {e}"))
-            }
+            Self::Landlock => required_filesystem_rules()
+                .and_then(|r| r.create().map(drop))
+                .map_err(|e| format!("Landlock: {e}")),
+            // Last: the probe exits right after, without sockets.
+            Self::Network => deny_network(),
         }
     }
 }
@@ -541,30 +580,6 @@ impl Limit {
             Self::Core => Resource::Core,
         }
     }
-}
-
-/// Moves the launcher into a network namespace of its own, which has only
-/// a loopback interface, down: UDP, raw and every other family are cut off
-/// too, which Landlock's TCP rules alone do not do. As root that is one
-/// `unshare`; otherwise it takes a user namespace as well, in which the
-/// launcher maps its own uid and gid to themselves (files keep their owners
-/// and permissions).
-fn own_network_namespace() -> std::io::Result<()> {
-    use rustix::thread::UnshareFlags;
-    // `unshare` is deprecated as "should be unsafe" only because of
-    // `UnshareFlags::FILES` (descriptor tables shared between threads); the
-    // launcher has one thread and does not unshare FILES.
-    #[allow(deprecated)]
-    let unshare = rustix::thread::unshare;
-    if unshare(UnshareFlags::NEWNET).is_ok() {
-        return Ok(());
-    }
-    let (uid, gid) = (rustix::process::getuid(), rustix::process::getgid());
-    unshare(UnshareFlags::NEWUSER | UnshareFlags::NEWNET)?;
-    std::fs::write("/proc/self/setgroups", "deny")?;
-    std::fs::write("/proc/self/uid_map", format!("{0} {0} 1", uid.as_raw()))?;
-    std::fs::write("/proc/self/gid_map", format!("{0} {0} 1", gid.as_raw()))?;
-    Ok(())
 }
 
 #[cfg(test)]
