@@ -320,6 +320,19 @@ async fn the_sandbox_confines_files_network_and_resources() {
     let allowed = bob.request("shell.exec", connect).await.unwrap();
     assert_eq!(allowed["stdout"], "connected\n", "{allowed}");
 
+    // Signals reach only what the command started (Landlock ABI 6), not the
+    // daemon (the same user) or anything else outside its sandbox.
+    let script = format!("kill -0 {}; sleep 5 & kill $! && echo own-child", gw.pid());
+    let r = alice.request("shell.exec", sh(&script)).await.unwrap();
+    assert_eq!(r["stdout"], "own-child\n", "{r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Operation not permitted"),
+        "{r}"
+    );
+
     // The grant's rlimits: a file cannot grow past 1 MiB.
     let limits = alice
         .request(
@@ -347,7 +360,7 @@ async fn the_sandbox_confines_files_network_and_resources() {
         .unwrap()
         .len();
     assert_eq!(big, 1 << 20);
-    gw.assert_requests_audited(8);
+    gw.assert_requests_audited(9);
 }
 
 /// Everything a `shell.start` streamed, and its response.

@@ -21,14 +21,15 @@
 //! requests open paths; the grant's rlimits and no core dumps;
 //! `no_new_privs` (no setuid gains); a Landlock ruleset: read and execute
 //! the system's program paths, read the granted `ro` roots, read and write
-//! the `rw` roots; and with `--deny-network` no network (see
+//! the `rw` roots, and (where the kernel has it) signal nothing outside
+//! the sandbox; and with `--deny-network` no network (see
 //! [`deny_network`]): Landlock's TCP rules and its abstract-socket scope,
 //! and a seccomp filter that refuses sockets of every family but
 //! `AF_UNIX`. If the kernel cannot enforce that (Landlock ABI 3, and 6 for
-//! the network; seccomp) the launcher refuses to run the program — unless the daemon passed `--skip` for that mechanism,
-//! which it does only for a grant with `sandbox = "best_effort"` on a host
-//! whose probe said the mechanism is missing (and then records a warning
-//! in the audit entry).
+//! the network; seccomp) the launcher refuses to run the program — unless
+//! the daemon passed `--skip` for that mechanism, which it does only for a
+//! grant with `sandbox = "best_effort"` on a host whose probe said the
+//! mechanism is missing (and then records a warning in the audit entry).
 //!
 //! With `--await-release`, the last step before exec is to read one byte
 //! from stdin: the daemon sends [`RELEASE`] once the request's start entry
@@ -379,8 +380,11 @@ fn await_release(stdin_null: bool) -> Result<(), String> {
 
 /// Landlock as strict as the kernel allows, but never weaker than the
 /// filesystem rights of ABI 3 (which covers truncate). Those are required;
-/// the newer rights (ABI 5's device ioctls) are applied where the kernel
-/// has them.
+/// the newer ones are applied where the kernel has them: ABI 5's device
+/// ioctls, and ABI 6's signal scope — no signal to a process outside this
+/// sandbox, so a command cannot kill the daemon or another command, which
+/// run as the same user (the daemon signals commands; they signal only
+/// what they started).
 fn landlock(args: &SandboxArgs) -> Result<(), String> {
     let error = |e: landlock::RulesetError| format!("Landlock: {e}");
     let ruleset = required_filesystem_rules().map_err(error)?;
@@ -388,6 +392,7 @@ fn landlock(args: &SandboxArgs) -> Result<(), String> {
     let ruleset = ruleset
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(newest))
+        .and_then(|ruleset| ruleset.scope(Scope::Signal))
         .map_err(error)?;
     let (read, all) = (AccessFs::from_read(newest), AccessFs::from_all(newest));
     let status = ruleset
