@@ -10,10 +10,10 @@
 //! [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
 //! [--cwd-follow-symlinks]] -- PROGRAM [ARG…]`; or
 //! `portcullis-sandbox --args-on-stdin`, which makes its session and then
-//! reads those arguments from stdin ([`encode_args`]) — how the daemon starts launchers ahead of need
-//! (`pool.rs`); or `portcullis-sandbox --probe`, which reports which
-//! mechanisms this host has (one `NAME=ok` or `NAME=REASON` line each);
-//! the daemon asks once.
+//! reads those arguments from stdin ([`encode_args`]) — how the daemon
+//! starts launchers ahead of need (`pool.rs`); or `portcullis-sandbox
+//! --probe`, which reports which mechanisms this host has (one `NAME=ok`
+//! or `NAME=REASON` line each); the daemon asks once.
 //!
 //! In order: a session and process group of its own (so the daemon can
 //! end the whole group), with `--tty` its stdin as controlling terminal;
