@@ -271,32 +271,12 @@ async fn the_sandbox_confines_files_network_and_resources() {
     // TCP: refused under network = "deny", allowed for bob's grant.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let connect = json!({"command": ["bash", "-c", format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo connected")]});
-    let denied = alice.request("shell.exec", connect.clone()).await.unwrap();
-    assert_ne!(denied["exit_code"], 0, "{denied}");
-    assert!(
-        denied["stderr"]
-            .as_str()
-            .unwrap()
-            .contains("Permission denied"),
-        "{denied}"
-    );
-    let allowed = bob.request("shell.exec", connect).await.unwrap();
-    assert_eq!(allowed["stdout"], "connected\n", "{allowed}");
+    let tcp = format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo connected");
+    refused_then_allowed(&alice, &bob, &tcp, "Permission denied", "connected\n").await;
 
     // UDP, which Landlock does not cover: seccomp refuses the socket.
-    let udp = json!({"command": ["bash", "-c", format!("echo hi > /dev/udp/127.0.0.1/{port} && echo sent")]});
-    let denied = alice.request("shell.exec", udp.clone()).await.unwrap();
-    assert_ne!(denied["exit_code"], 0, "{denied}");
-    assert!(
-        denied["stderr"]
-            .as_str()
-            .unwrap()
-            .contains("Permission denied"),
-        "{denied}"
-    );
-    let allowed = bob.request("shell.exec", udp).await.unwrap();
-    assert_eq!(allowed["stdout"], "sent\n", "{allowed}");
+    let udp = format!("echo hi > /dev/udp/127.0.0.1/{port} && echo sent");
+    refused_then_allowed(&alice, &bob, &udp, "Permission denied", "sent\n").await;
 
     // A host service on an abstract UNIX socket (no file for Landlock's
     // filesystem rules to guard): out of reach under network = "deny".
@@ -307,18 +287,8 @@ async fn the_sandbox_confines_files_network_and_resources() {
     let perl = format!(
         r#"perl -MSocket -e 'socket(my $s, AF_UNIX, SOCK_STREAM, 0) or die "socket: $!\n"; connect($s, pack_sockaddr_un("\0{name}")) or die "connect: $!\n"; print "connected\n"'"#
     );
-    let connect = json!({"command": ["bash", "-c", perl]});
-    let denied = alice.request("shell.exec", connect.clone()).await.unwrap();
-    assert_ne!(denied["exit_code"], 0, "{denied}");
-    assert!(
-        denied["stderr"]
-            .as_str()
-            .unwrap()
-            .contains("connect: Operation not permitted"),
-        "{denied}"
-    );
-    let allowed = bob.request("shell.exec", connect).await.unwrap();
-    assert_eq!(allowed["stdout"], "connected\n", "{allowed}");
+    let refusal = "connect: Operation not permitted";
+    refused_then_allowed(&alice, &bob, &perl, refusal, "connected\n").await;
 
     // Signals reach only what the command started (Landlock ABI 6), not the
     // daemon (the same user) or anything else outside its sandbox.
@@ -361,6 +331,25 @@ async fn the_sandbox_confines_files_network_and_resources() {
         .len();
     assert_eq!(big, 1 << 20);
     gw.assert_requests_audited(9);
+}
+
+/// `script` (bash) fails for alice, whose grant denies the network, with
+/// `refusal` in its stderr, and prints `success` for bob, whose grant
+/// allows it.
+async fn refused_then_allowed(
+    alice: &Client,
+    bob: &Client,
+    script: &str,
+    refusal: &str,
+    success: &str,
+) {
+    let command = json!({"command": ["bash", "-c", script]});
+    let denied = alice.request("shell.exec", command.clone()).await.unwrap();
+    assert_ne!(denied["exit_code"], 0, "{denied}");
+    let stderr = denied["stderr"].as_str().unwrap();
+    assert!(stderr.contains(refusal), "{denied}");
+    let allowed = bob.request("shell.exec", command).await.unwrap();
+    assert_eq!(allowed["stdout"], success, "{allowed}");
 }
 
 /// Everything a `shell.start` streamed, and its response.
