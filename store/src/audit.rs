@@ -346,12 +346,17 @@ impl AuditLog {
             last_checkpoint: std::time::Instant::now(),
             counters: Arc::new(CommitCounters::default()),
         };
+        // A log pruned to nothing continues where its prune marker says.
+        let marker = read_prune_marker(&meta)?.and_then(Result::ok);
         if let Some((key, value)) = tree.last().map_err(|e| StoreError::Io(e.to_string()))? {
             let entry = decode(&key, &value)?;
             (writer.seq, writer.head) = (entry.seq, entry.hash);
+        } else if let Some(marker) = &marker {
+            (writer.seq, writer.head) = (marker.first_seq.saturating_sub(1), marker.prev.clone());
         }
+        let kept_from = marker.map_or(1, |marker| marker.first_seq);
         let recovery = Recovery {
-            restored: writer.restore(found.frames)?,
+            restored: writer.restore(found.frames, kept_from)?,
             discarded_bytes: found.discarded,
         };
         let (jobs, queue) = mpsc::channel::<Job>();
@@ -440,11 +445,7 @@ impl AuditLog {
     }
 
     fn prune_marker(&self) -> Result<Option<Result<PruneMarker, String>>, StoreError> {
-        let value = self
-            .meta
-            .get(PRUNE_KEY)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        Ok(value.map(|v| serde_json::from_slice(&v).map_err(|e| e.to_string())))
+        read_prune_marker(&self.meta)
     }
 
     /// Signs a checkpoint over every entry written so far (if this log
@@ -879,6 +880,14 @@ fn at_or_after(time: &str, reference: &jiff::Timestamp) -> bool {
         .is_ok_and(|t| t >= *reference)
 }
 
+/// The prune marker, if the log was ever pruned (or what is wrong with it).
+fn read_prune_marker(meta: &sled::Tree) -> Result<Option<Result<PruneMarker, String>>, StoreError> {
+    let value = meta
+        .get(PRUNE_KEY)
+        .map_err(|e| StoreError::Io(e.to_string()))?;
+    Ok(value.map(|v| serde_json::from_slice(&v).map_err(|e| e.to_string())))
+}
+
 fn key_seq(key: &[u8]) -> u64 {
     key.try_into().map(u64::from_be_bytes).unwrap_or(0)
 }
@@ -1038,19 +1047,11 @@ impl Writer {
             .map_err(|e| format!("audit journal: {e}"))
     }
 
-    /// The oldest entry's sequence number (0 when the tree is empty).
-    fn first_seq(&self) -> Result<u64, StoreError> {
-        let first = self
-            .tree
-            .first()
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        Ok(first.map_or(0, |(key, _)| key_seq(&key)))
-    }
-
     /// Puts back into sled the journal's entries that it lost in a crash,
-    /// after checking that they continue the chain; then settles. Returns
+    /// after checking that they continue the chain; then settles. Entries
+    /// before `kept_from` (the prune marker's first) were pruned. Returns
     /// how many were put back.
-    fn restore(&mut self, frames: Vec<Vec<u8>>) -> Result<u64, StoreError> {
+    fn restore(&mut self, frames: Vec<Vec<u8>>, kept_from: u64) -> Result<u64, StoreError> {
         let io = |e: sled::Error| StoreError::Io(e.to_string());
         let mut restored = 0;
         for payload in &frames {
@@ -1071,7 +1072,7 @@ impl Writer {
                         });
                     }
                     Some(_) => {}
-                    None if self.first_seq()? < entry.seq => {
+                    None if entry.seq >= kept_from => {
                         self.tree.insert(key, payload.as_slice()).map_err(io)?;
                         restored += 1;
                     }
@@ -1577,6 +1578,23 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         (store, log, dir, key)
+    }
+
+    /// Pruning every entry, then a restart before anything else is
+    /// written: the log continues after the prune marker.
+    #[test]
+    fn the_log_continues_after_pruning_everything_and_reopening() {
+        let (store, log, dir, key) = signed_log("prune-all");
+        assert_eq!(log.prune_blocking(Retain::Newest(0)).unwrap(), 1000);
+        drop(log);
+        drop(store);
+        let store = reopen(&dir.join("store"));
+        let signer = crate::AuditSigner::load_or_create(&dir.join("audit.key")).unwrap();
+        let log = store.audit(Some(signer)).unwrap();
+        assert_eq!(log.append_blocking(record(1)).unwrap(), 1001);
+        let report = log.verify(Some(&key)).unwrap();
+        assert_eq!((report.entries, report.error), (1, None));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// Rewrites entries from `from` on as an attacker without the signing
