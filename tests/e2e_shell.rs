@@ -303,6 +303,28 @@ async fn the_sandbox_confines_files_network_and_resources() {
         "{r}"
     );
 
+    // Nor change its priority or limits (seccomp; the kernel allows it
+    // for any process of the same user), while its own are its to lower.
+    let gateway = gw.pid();
+    let script =
+        format!("renice -n 5 -p {gateway}; prlimit --pid {gateway} --nofile=10:10; nice -n 5 nice");
+    let r = alice.request("shell.exec", sh(&script)).await.unwrap();
+    assert_eq!(r["stdout"], "5\n", "{r}");
+    assert_eq!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .matches("Permission denied")
+            .count(),
+        2,
+        "{r}"
+    );
+    let stat = std::fs::read_to_string(format!("/proc/{gateway}/stat")).unwrap();
+    let nice = stat[stat.rfind(')').unwrap() + 2..].split(' ').nth(16);
+    assert_eq!(nice, Some("0"), "{stat}");
+    let limits = std::fs::read_to_string(format!("/proc/{gateway}/limits")).unwrap();
+    assert!(!limits.contains("Max open files            10"), "{limits}");
+
     // The grant's rlimits: a file cannot grow past 1 MiB.
     let limits = alice
         .request(
@@ -325,12 +347,72 @@ async fn the_sandbox_confines_files_network_and_resources() {
         "{text}"
     );
     assert!(line("Max core file size").contains("0 0"), "{text}");
+    assert!(line("Max nice priority").contains("0 0"), "{text}");
     assert_eq!(limits["signal"], "SIGXFSZ", "{limits}");
     let big = std::fs::metadata(gw.dir.join("workspace/big"))
         .unwrap()
         .len();
     assert_eq!(big, 1 << 20);
-    gw.assert_requests_audited(9);
+    gw.assert_requests_audited(10);
+}
+
+/// Launchers wait in the pool at the lowest CPU priority, where this
+/// process may take a priority back (root here; otherwise `RLIMIT_NICE`),
+/// and the command runs at the daemon's.
+#[tokio::test]
+async fn launchers_wait_at_the_lowest_priority_and_commands_run_at_the_daemons() {
+    let Setup { gw, alice, .. } = setup().await;
+    let nice_of = |stat: &str| -> Option<i64> {
+        // After the `(comm)` field: state is field 3, nice field 19.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        rest.split(' ').nth(16)?.parse().ok()
+    };
+    // The first command finds the pool empty; it is filled after it.
+    let r = alice.request("shell.exec", sh("true")).await.unwrap();
+    assert_eq!(r["exit_code"], 0, "{r}");
+
+    let can_lower_and_restore = std::thread::spawn(|| {
+        rustix::process::setpriority_process(None, 19).is_ok()
+            && rustix::process::setpriority_process(None, 0).is_ok()
+    })
+    .join()
+    .unwrap();
+    let expected = if can_lower_and_restore { 19 } else { 0 };
+    // The pool is refilled after each command; wait for an idle launcher.
+    let mut waiting = Vec::new();
+    for _ in 0..100 {
+        waiting = launcher_children(gw.pid());
+        if !waiting.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!waiting.is_empty(), "no launcher waits in the pool");
+    for stat in &waiting {
+        assert_eq!(nice_of(stat), Some(expected), "{stat}");
+    }
+    // A command from the pool.
+    let r = alice
+        .request("shell.exec", sh("cat /proc/self/stat"))
+        .await
+        .unwrap();
+    assert_eq!(nice_of(r["stdout"].as_str().unwrap()), Some(0), "{r}");
+}
+
+/// `/proc/PID/stat` of each launcher the gateway started.
+fn launcher_children(gateway: u32) -> Vec<String> {
+    let stats = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok());
+    stats
+        .filter(|stat| {
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+                return false;
+            };
+            let parent = rest.split(' ').nth(1);
+            stat.contains("(portcullis-sand") && parent == Some(&gateway.to_string())
+        })
+        .collect()
 }
 
 /// `script` (bash) fails for alice, whose grant denies the network, with

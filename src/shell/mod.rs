@@ -617,6 +617,9 @@ fn launcher_args(
         }
     }
     if let Io::Piped { .. } = io {
+        if let Some(nice) = pool::restored_nice() {
+            args.extend(["--nice".into(), nice.to_string().into()]);
+        }
         for (name, value) in &terms.env {
             args.extend(["--env".into(), name.into(), value.into()]);
         }

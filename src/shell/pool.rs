@@ -9,10 +9,21 @@
 //! command is confined by (roots, rlimits, `no_new_privs`, Landlock) is
 //! applied after its arguments arrive. When the daemon exits, the idle
 //! launchers' stdin closes and they exit without running anything.
+//!
+//! Launchers are started by a thread of their own at the lowest CPU
+//! priority (a child starts with its parent thread's nice value), so that
+//! starting the next one does not compete with the command just released:
+//! on two cores that competition cost about 0.6 ms of every `exec true`.
+//! A launcher takes the daemon's priority back as soon as its arguments
+//! arrive (`--nice`, [`restored_nice`]), before it sets anything up. That
+//! needs `RLIMIT_NICE` ≥ 20 (the unit's `LimitNICE=+0`) or `CAP_SYS_NICE`;
+//! where a probe finds neither, launchers start at the daemon's priority.
 
+use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 
 use tokio::process::{Child, Command};
+use tokio::runtime::Handle;
 
 use super::{launcher_path, provider_error};
 use crate::frame::ErrorBody;
@@ -65,24 +76,102 @@ fn start() -> Result<Child, ErrorBody> {
         .map_err(|e| provider_error(format!("cannot start the command: {e}")))
 }
 
-/// Starts launchers in the background until `IDLE` are idle or starting
-/// (on a blocking thread: a spawn waits for the child's exec).
+/// Has the starter thread start launchers until `IDLE` are idle or
+/// starting.
 fn refill() {
     let wanted = with_pool(|pool| {
         let wanted = IDLE.saturating_sub(pool.idle.len() + pool.starting);
         pool.starting += wanted;
         wanted
     });
-    if wanted == 0 {
-        return;
-    }
-    tokio::task::spawn_blocking(move || {
-        for _ in 0..wanted {
-            let started = start();
-            with_pool(|pool| {
-                pool.starting -= 1;
-                pool.idle.extend(started.ok());
-            });
+    if wanted > 0 {
+        let request = (wanted, Handle::current());
+        if starter().requests.send(request).is_err() {
+            with_pool(|pool| pool.starting -= wanted);
         }
+    }
+}
+
+/// The nice value a launcher from the pool is to take back (`--nice`):
+/// the daemon's, when launchers are started below it.
+pub(super) fn restored_nice() -> Option<i32> {
+    starter().restored_nice
+}
+
+struct Starter {
+    /// How many launchers to start, and the runtime their `Child` lives in.
+    requests: mpsc::Sender<(usize, Handle)>,
+    restored_nice: Option<i32>,
+}
+
+/// The lowest priority: the scheduler gives it the cores only when
+/// nothing else wants them.
+const LOWEST_NICE: i32 = 19;
+
+fn starter() -> &'static Starter {
+    static STARTER: OnceLock<Starter> = OnceLock::new();
+    STARTER.get_or_init(|| {
+        let daemon_nice = rustix::process::getpriority_process(None).unwrap_or(0);
+        let restored_nice = match can_restore(daemon_nice) {
+            Ok(()) => {
+                tracing::debug!("launchers are started at nice {LOWEST_NICE}");
+                Some(daemon_nice)
+            }
+            Err(why) => {
+                tracing::info!("launchers are started at the daemon's CPU priority: {why}");
+                None
+            }
+        };
+        let (requests, received) = mpsc::channel::<(usize, Handle)>();
+        let lowered = restored_nice.is_some();
+        let thread = std::thread::Builder::new()
+            .name("launcher-starter".into())
+            .spawn(move || {
+                // Linux keeps a nice value per thread: this lowers only
+                // this thread, and the launchers it starts.
+                if lowered {
+                    let _ = rustix::process::setpriority_process(None, LOWEST_NICE);
+                }
+                for (wanted, runtime) in received {
+                    let _entered = runtime.enter();
+                    for _ in 0..wanted {
+                        let started = start();
+                        with_pool(|pool| {
+                            pool.starting -= 1;
+                            pool.idle.extend(started.ok());
+                        });
+                    }
+                }
+            });
+        if let Err(e) = thread {
+            tracing::warn!("cannot start the launcher-starter thread: {e}");
+        }
+        Starter {
+            requests,
+            restored_nice,
+        }
+    })
+}
+
+/// Whether a thread of this process may lower its priority to the
+/// lowest and take `nice` back, as a launcher must: tried on a thread that
+/// then ends.
+fn can_restore(nice: i32) -> Result<(), String> {
+    if nice >= LOWEST_NICE {
+        return Err(format!("the daemon runs at nice {nice} already"));
+    }
+    let tried = std::thread::spawn(move || {
+        rustix::process::setpriority_process(None, LOWEST_NICE)
+            .map_err(|e| format!("setpriority: {e}"))?;
+        rustix::process::setpriority_process(None, nice).map_err(|e| {
+            format!(
+                "taking nice {nice} back: {e} (RLIMIT_NICE must be at least {}, as the \
+                 unit's LimitNICE=+0 sets it for nice 0, or the daemon needs CAP_SYS_NICE)",
+                20 - nice
+            )
+        })
     });
+    tried
+        .join()
+        .unwrap_or_else(|_| Err("the probe thread failed".into()))
 }

@@ -5,8 +5,8 @@
 //! need `pre_exec`, which is `unsafe`.) The launcher is a small binary of
 //! its own: starting the daemon's 90 MB binary for it cost 1.7 ms more.
 //!
-//! Usage: `portcullis-sandbox [--rw DIR]… [--ro DIR]… [--deny-network]
-//! [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
+//! Usage: `portcullis-sandbox [--nice N] [--rw DIR]… [--ro DIR]…
+//! [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
 //! [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
 //! [--cwd-follow-symlinks]] -- PROGRAM [ARG…]`; or
 //! `portcullis-sandbox --args-on-stdin`, which makes its session and then
@@ -15,20 +15,25 @@
 //! --probe`, which reports which mechanisms this host has (one `NAME=ok`
 //! or `NAME=REASON` line each); the daemon asks once.
 //!
-//! In order: a session and process group of its own (so the daemon can
-//! end the whole group), with `--tty` its stdin as controlling terminal;
+//! In order: with `--nice` the daemon's CPU priority back (a launcher
+//! started ahead of need waits at the lowest, see `pool.rs`); a session
+//! and process group of its own (so the daemon can end the whole group),
+//! with `--tty` its stdin as controlling terminal;
 //! with `--cwd` the working directory, opened beneath its root as `file.*`
-//! requests open paths; the grant's rlimits and no core dumps;
+//! requests open paths; the grant's rlimits, no core dumps and no raising
+//! of its CPU priority;
 //! `no_new_privs` (no setuid gains); a Landlock ruleset: read and execute
 //! the system's program paths, read the granted `ro` roots, read and write
 //! the `rw` roots, and (where the kernel has it) signal nothing outside
-//! the sandbox; and with `--deny-network` no network (see
-//! [`deny_network`]): Landlock's TCP rules and its abstract-socket scope,
-//! and a seccomp filter that refuses sockets of every family but
-//! `AF_UNIX`. If the kernel cannot enforce that (Landlock ABI 3, and 6 for
-//! the network; seccomp) the launcher refuses to run the program — unless
-//! the daemon passed `--skip` for that mechanism, which it does only for a
-//! grant with `sandbox = "best_effort"` on a host whose probe said the
+//! the sandbox; with `--deny-network` no network (see
+//! [`network_landlock`]): Landlock's TCP rules and its abstract-socket
+//! scope; and a seccomp filter ([`apply_filter`]) that keeps the program
+//! from changing other processes' priority or limits and, with
+//! `--deny-network`, refuses sockets of every family but `AF_UNIX`. If the
+//! kernel cannot enforce that (Landlock ABI 3, and 6 for the network;
+//! seccomp, which is never skipped) the launcher refuses to run the program — unless the daemon
+//! passed `--skip` for that mechanism, which it does only for a grant with
+//! `sandbox = "best_effort"` on a host whose probe said the
 //! mechanism is missing (and then records a warning in the audit entry).
 //!
 //! With `--await-release`, the last step before exec is to read one byte
@@ -66,11 +71,13 @@ const SYSTEM_WRITE: &[&str] = &["/dev/null", "/dev/zero", "/dev/tty", "/dev/full
 
 #[derive(Debug, Default)]
 pub struct SandboxArgs {
+    /// The nice value to run the program at.
+    nice: Option<i32>,
     /// Directories the program may read and write.
     rw: Vec<PathBuf>,
     /// Directories the program may read.
     ro: Vec<PathBuf>,
-    /// No network: see [`deny_network`].
+    /// No network: see [`network_landlock`].
     deny_network: bool,
     /// Make stdin (a terminal) the controlling terminal.
     tty: bool,
@@ -102,6 +109,11 @@ impl SandboxArgs {
                 Some("--ro") => parsed
                     .ro
                     .push(args.next().ok_or("--ro needs a DIR")?.into()),
+                Some("--nice") => {
+                    let arg = args.next().ok_or("--nice needs N")?;
+                    let nice = arg.to_str().and_then(|n| n.parse().ok());
+                    parsed.nice = Some(nice.ok_or("--nice needs N, a nice value")?);
+                }
                 Some("--deny-network") => parsed.deny_network = true,
                 Some("--tty") => parsed.tty = true,
                 Some("--await-release") => parsed.await_release = true,
@@ -152,7 +164,7 @@ impl SandboxArgs {
                 _ => return Err(format!("unexpected argument {}", arg.to_string_lossy())),
             }
         }
-        Err("usage: portcullis-sandbox [--rw DIR]... [--ro DIR]... [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]".into())
+        Err("usage: portcullis-sandbox [--nice N] [--rw DIR]... [--ro DIR]... [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]".into())
     }
 }
 
@@ -210,6 +222,12 @@ fn refuse(what: impl std::fmt::Display) -> ExitCode {
 }
 
 fn run(args: SandboxArgs, prepared: Prepared) -> ExitCode {
+    // Before anything else: the sandbox's own set-up is the command's work.
+    if let Some(nice) = args.nice
+        && let Err(e) = rustix::process::setpriority_process(None, nice)
+    {
+        return refuse(format!("CPU priority {nice}: {e}"));
+    }
     if !prepared.session
         && let Err(e) = rustix::process::setsid()
     {
@@ -226,7 +244,8 @@ fn run(args: SandboxArgs, prepared: Prepared) -> ExitCode {
     {
         return refuse(e);
     }
-    let limits = args.limits.iter().copied().chain([(Limit::Core, 0)]);
+    let fixed = [(Limit::Core, 0), (Limit::Nice, 0)];
+    let limits = args.limits.iter().copied().chain(fixed);
     for (limit, value) in limits {
         let rlimit = rustix::process::Rlimit {
             current: Some(value),
@@ -244,10 +263,11 @@ fn run(args: SandboxArgs, prepared: Prepared) -> ExitCode {
     {
         return refuse(e);
     }
-    if args.deny_network
-        && applies(Mechanism::Network)
-        && let Err(e) = deny_network()
-    {
+    let deny_network = args.deny_network && applies(Mechanism::Network);
+    if deny_network && let Err(e) = network_landlock() {
+        return refuse(e);
+    }
+    if let Err(e) = apply_filter(deny_network) {
         return refuse(e);
     }
     if args.await_release
@@ -429,16 +449,15 @@ fn required_filesystem_rules() -> Result<Ruleset, landlock::RulesetError> {
 /// made outside this sandbox (ABI 6) — a host's abstract sockets are
 /// services, not files, so the filesystem rules do not reach them.
 ///
-/// seccomp: `socket` and `socketpair` of any family but `AF_UNIX` fail with
-/// `EACCES` (UDP, raw, netlink, vsock… which Landlock does not cover), and
-/// so does `io_uring_setup` (io_uring can open sockets without `socket`).
-/// A syscall of another ABI (i386 through `int 0x80`) kills the process;
-/// x32's numbers are refused like the native ones.
+/// seccomp ([`apply_filter`]): `socket` and `socketpair` of any family but
+/// `AF_UNIX` fail with `EACCES` (UDP, raw, netlink, vsock… which Landlock
+/// does not cover), and so does `io_uring_setup` (io_uring can open sockets
+/// without `socket`).
 ///
 /// Pathname UNIX sockets are files: the Landlock filesystem rules decide
 /// which can be made. This replaced a network namespace per command,
 /// whose creation and teardown cost more CPU than `/bin/true` itself.
-fn deny_network() -> Result<(), String> {
+fn network_landlock() -> Result<(), String> {
     let error = |e: landlock::RulesetError| format!("Landlock (network): {e}");
     let status = network_rules()
         .and_then(|ruleset| ruleset.create())
@@ -447,8 +466,7 @@ fn deny_network() -> Result<(), String> {
     if status.ruleset == RulesetStatus::NotEnforced {
         return Err("Landlock's network rules are not enforced on this kernel".into());
     }
-    let program = no_sockets_filter().map_err(|e| format!("seccomp: {e}"))?;
-    seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}"))
+    Ok(())
 }
 
 fn network_rules() -> Result<Ruleset, landlock::RulesetError> {
@@ -458,30 +476,59 @@ fn network_rules() -> Result<Ruleset, landlock::RulesetError> {
         .scope(Scope::AbstractUnixSocket)
 }
 
-/// The seccomp program of [`deny_network`].
-fn no_sockets_filter() -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
+/// Every command's seccomp filter. The calls that change another
+/// process's priority, scheduling, I/O priority or rlimits fail with
+/// `EACCES` unless they name the caller itself (pid 0): the kernel lets a
+/// process do that to any process of the same user — the daemon and every
+/// other principal's commands — and Landlock does not scope it. With
+/// `deny_network` the sockets of [`network_landlock`] too. A syscall of
+/// another ABI (i386 through `int 0x80`) kills the process; x32's numbers
+/// are refused like the native ones.
+fn apply_filter(deny_network: bool) -> Result<(), String> {
+    let program = command_filter(deny_network).map_err(|e| format!("seccomp: {e}"))?;
+    seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}"))
+}
+
+fn command_filter(
+    deny_network: bool,
+) -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
     use seccompiler::{
         SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
     };
-    let not_unix = SeccompRule::new(vec![SeccompCondition::new(
-        0,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Ne,
-        libc::AF_UNIX as u64,
-    )?])?;
+    let arg_is_not = |index: u8, value: u64| -> Result<SeccompRule, seccompiler::BackendError> {
+        let condition =
+            SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, value)?;
+        SeccompRule::new(vec![condition])
+    };
+    // (which, who) with which = PRIO_PROCESS / IOPRIO_WHO_PROCESS.
+    let not_self_priority = vec![arg_is_not(0, 0)?, arg_is_not(1, 0)?];
+    let not_self_io_priority = vec![arg_is_not(0, 1)?, arg_is_not(1, 0)?];
+    let not_self = vec![arg_is_not(0, 0)?];
     let mut refused = vec![
-        (libc::SYS_socket, vec![not_unix.clone()]),
-        (libc::SYS_socketpair, vec![not_unix.clone()]),
-        (libc::SYS_io_uring_setup, vec![]),
+        (libc::SYS_setpriority, not_self_priority),
+        (libc::SYS_ioprio_set, not_self_io_priority),
+        (libc::SYS_prlimit64, not_self.clone()),
+        (libc::SYS_sched_setscheduler, not_self.clone()),
+        (libc::SYS_sched_setparam, not_self.clone()),
+        (libc::SYS_sched_setattr, not_self.clone()),
+        (libc::SYS_sched_setaffinity, not_self),
     ];
+    if deny_network {
+        let not_unix = vec![arg_is_not(0, libc::AF_UNIX as u64)?];
+        refused.extend([
+            (libc::SYS_socket, not_unix.clone()),
+            (libc::SYS_socketpair, not_unix),
+            (libc::SYS_io_uring_setup, vec![]),
+        ]);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         const X32: i64 = 0x4000_0000;
-        refused.extend([
-            (X32 | libc::SYS_socket, vec![not_unix.clone()]),
-            (X32 | libc::SYS_socketpair, vec![not_unix]),
-            (X32 | libc::SYS_io_uring_setup, vec![]),
-        ]);
+        let x32: Vec<_> = refused
+            .iter()
+            .map(|(number, rules)| (X32 | number, rules.clone()))
+            .collect();
+        refused.extend(x32);
     }
     let arch = std::env::consts::ARCH.try_into()?;
     SeccompFilter::new(
@@ -527,7 +574,7 @@ impl Mechanism {
                 .and_then(|r| r.create().map(drop))
                 .map_err(|e| format!("Landlock: {e}")),
             // Last: the probe exits right after, without sockets.
-            Self::Network => deny_network(),
+            Self::Network => network_landlock().and_then(|()| apply_filter(true)),
         }
     }
 }
@@ -543,14 +590,17 @@ pub enum Limit {
     OpenFiles,
     /// Core dump size (always 0).
     Core,
+    /// How far the nice value may be lowered (always 0: not at all).
+    Nice,
 }
 
 impl Limit {
-    const ALL: [(Self, &'static str); 4] = [
+    const ALL: [(Self, &'static str); 5] = [
         (Self::Memory, "memory"),
         (Self::FileSize, "file_size"),
         (Self::OpenFiles, "open_files"),
         (Self::Core, "core"),
+        (Self::Nice, "nice"),
     ];
 
     pub fn name(self) -> &'static str {
@@ -564,7 +614,7 @@ impl Limit {
     fn parse(arg: &str) -> Result<(Self, u64), String> {
         let bad = || {
             format!(
-                "--limit {arg}: expected NAME=N with NAME one of memory, file_size, open_files, core"
+                "--limit {arg}: expected NAME=N with NAME one of memory, file_size, open_files, core, nice"
             )
         };
         let (name, value) = arg.split_once('=').ok_or_else(bad)?;
@@ -583,6 +633,7 @@ impl Limit {
             Self::FileSize => Resource::Fsize,
             Self::OpenFiles => Resource::Nofile,
             Self::Core => Resource::Core,
+            Self::Nice => Resource::Nice,
         }
     }
 }
