@@ -3,6 +3,7 @@
 //! record per binary message. Used by both the gateway and the client, so
 //! the two cannot drift apart.
 
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -228,5 +229,112 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordReader<S> {
         let mut buf = Vec::from(message);
         self.noise.open_in_place(&mut buf)?;
         Ok(buf)
+    }
+
+    /// [`recv`](Self::recv) into a buffer from `pool`, which gets it back
+    /// when the last slice of the returned record is dropped.
+    pub async fn recv_pooled(&mut self, pool: &BufferPool) -> Result<Bytes, ChannelError> {
+        let message = next_binary(&mut self.stream).await?;
+        let mut buf = pool.take();
+        buf.extend_from_slice(&message);
+        drop(message);
+        self.noise.open_in_place(&mut buf)?;
+        Ok(pool.lend(buf))
+    }
+}
+
+/// Buffers for opened records, used again once every slice of a record is
+/// dropped. A client receiving a download copies each message out of the
+/// WebSocket's buffer (it is shared, so it cannot be opened in place);
+/// into freshly allocated memory that cost more than the copy itself
+/// (the allocator returned the memory between records, and every page
+/// faulted in anew: a third of the client's system time).
+#[derive(Clone, Default)]
+pub struct BufferPool(Arc<Mutex<Vec<Vec<u8>>>>);
+
+/// Buffers a pool keeps: more than a download has in flight (records
+/// queued for the writer and the hasher), at most 64 KiB each.
+const POOL_BUFFERS: usize = 160;
+
+impl BufferPool {
+    /// An empty buffer, with the capacity of one used before if any.
+    fn take(&self) -> Vec<u8> {
+        let spare = self.0.lock().ok().and_then(|mut spare| spare.pop());
+        spare.unwrap_or_default()
+    }
+
+    /// `data` as `Bytes` that give it back to the pool when the last
+    /// slice of them is dropped.
+    fn lend(&self, data: Vec<u8>) -> Bytes {
+        Bytes::from_owner(Pooled {
+            data,
+            pool: Arc::downgrade(&self.0),
+        })
+    }
+
+    #[cfg(test)]
+    fn spare(&self) -> usize {
+        self.0.lock().map_or(0, |spare| spare.len())
+    }
+}
+
+/// A record's buffer on loan from a [`BufferPool`].
+struct Pooled {
+    data: Vec<u8>,
+    pool: Weak<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let Some(pool) = self.pool.upgrade() else {
+            return;
+        };
+        if let Ok(mut spare) = pool.lock()
+            && spare.len() < POOL_BUFFERS
+        {
+            let mut data = std::mem::take(&mut self.data);
+            data.clear();
+            spare.push(data);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pooled_buffer_comes_back_empty_when_its_last_slice_is_dropped() {
+        let pool = BufferPool::default();
+        let record = pool.lend(vec![7u8; 1000]);
+        let chunk = record.slice(10..20);
+        drop(record);
+        assert_eq!(pool.spare(), 0, "a slice still uses it");
+        assert_eq!(&chunk[..], &[7u8; 10]);
+        drop(chunk);
+        assert_eq!(pool.spare(), 1);
+        let again = pool.take();
+        assert!(again.is_empty() && again.capacity() >= 1000);
+        assert_eq!(pool.spare(), 0);
+    }
+
+    #[test]
+    fn a_pool_keeps_at_most_its_bound_and_lent_bytes_may_outlive_it() {
+        let pool = BufferPool::default();
+        let lent: Vec<Bytes> = (0..POOL_BUFFERS + 10)
+            .map(|_| pool.lend(vec![0u8; 16]))
+            .collect();
+        drop(lent);
+        assert_eq!(pool.spare(), POOL_BUFFERS);
+        // Bytes that outlive their pool just free their buffer.
+        let late = pool.lend(vec![1u8; 16]);
+        drop(pool);
+        drop(late);
     }
 }

@@ -216,8 +216,9 @@ impl Client {
         });
         let (reader_shared, reader_outbox) = (shared.clone(), outbox.clone());
         let reader_task = tokio::spawn(async move {
+            let buffers = channel::BufferPool::default();
             let reason = loop {
-                match reader.recv().await {
+                match reader.recv_pooled(&buffers).await {
                     Ok(plaintext) => {
                         route(plaintext, &reader_shared, &events_tx, &reader_outbox).await
                     }
@@ -478,14 +479,13 @@ impl RequestHandle<'_> {
 }
 
 async fn route(
-    plaintext: Vec<u8>,
+    plaintext: Bytes,
     shared: &Mutex<Shared>,
     events: &mpsc::Sender<Event>,
     outbox: &mpsc::Sender<Vec<u8>>,
 ) {
     let lock = || shared.lock().ok();
     // A chunk's data is handed on as a slice of the record, not copied.
-    let plaintext = Bytes::from(plaintext);
     match record::decode(&plaintext) {
         Ok(Record::Frame(Frame::Response(response))) => {
             if let Some(pending) = lock().and_then(|mut s| s.pending.remove(&response.id)) {
