@@ -183,16 +183,10 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
         }
         Some("--args-on-stdin") => waiting(&args[1..]),
         _ => match SandboxArgs::parse(args.into_iter()) {
-            Ok(args) => run(args, Prepared::default()),
+            Ok(args) => run(args, false),
             Err(e) => refuse(e),
         },
     }
-}
-
-/// The steps a launcher started ahead of need took before its arguments.
-#[derive(Debug, Default)]
-struct Prepared {
-    session: bool,
 }
 
 /// `--args-on-stdin`: the steps that do not depend on the request, then
@@ -204,12 +198,11 @@ fn waiting(flags: &[OsString]) -> ExitCode {
     if let Err(e) = rustix::process::setsid() {
         return refuse(format!("setsid: {e}"));
     }
-    let prepared = Prepared { session: true };
     match read_args() {
         // The daemon exited (or dropped it) before it was needed.
         Ok(None) => ExitCode::from(EXIT_SANDBOX),
         Ok(Some(args)) => match SandboxArgs::parse(args.into_iter()) {
-            Ok(args) => run(args, prepared),
+            Ok(args) => run(args, true),
             Err(e) => refuse(e),
         },
         Err(e) => refuse(e),
@@ -221,16 +214,16 @@ fn refuse(what: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(EXIT_SANDBOX)
 }
 
-fn run(args: SandboxArgs, prepared: Prepared) -> ExitCode {
+/// Runs the command as `args` say; `in_own_session`: a launcher started
+/// ahead of need made its session before its arguments came.
+fn run(args: SandboxArgs, in_own_session: bool) -> ExitCode {
     // Before anything else: the sandbox's own set-up is the command's work.
     if let Some(nice) = args.nice
         && let Err(e) = rustix::process::setpriority_process(None, nice)
     {
         return refuse(format!("CPU priority {nice}: {e}"));
     }
-    if !prepared.session
-        && let Err(e) = rustix::process::setsid()
-    {
+    if !in_own_session && let Err(e) = rustix::process::setsid() {
         return refuse(format!("setsid: {e}"));
     }
     if args.tty
