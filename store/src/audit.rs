@@ -169,11 +169,23 @@ struct Hashed<'a> {
 }
 
 fn entry_hash(seq: u64, prev: &str, record: &Record) -> String {
-    let bytes = serde_json::to_vec(&Hashed { seq, prev, record }).unwrap_or_default();
-    Sha256::digest(&bytes)
+    stored_entry(seq, prev, record).0
+}
+
+/// An entry's hash and the entry as stored, from one serialization: the
+/// stored JSON is the hashed JSON with `hash` added last, which is what
+/// serializing [`Entry`] gives (a test holds them to it).
+fn stored_entry(seq: u64, prev: &str, record: &Record) -> (String, Vec<u8>) {
+    let mut json = serde_json::to_vec(&Hashed { seq, prev, record }).unwrap_or_default();
+    let hash: String = Sha256::digest(&json)
         .iter()
         .map(|b| format!("{b:02x}"))
-        .collect()
+        .collect();
+    json.pop(); // the closing brace
+    json.extend_from_slice(b",\"hash\":\"");
+    json.extend_from_slice(hash.as_bytes());
+    json.extend_from_slice(b"\"}");
+    (hash, json)
 }
 
 type Reply = oneshot::Sender<Result<u64, StoreError>>;
@@ -974,7 +986,9 @@ impl Writer {
             }
         }
         self.checkpoint_now();
-        if !self.failed {
+        // A checkpoint settled already; entries are all that can be left
+        // (checkpoints and prunes settle at once).
+        if !self.failed && self.journal.len() > 0 {
             let _ = self.settle();
         }
     }
@@ -1147,19 +1161,11 @@ impl Writer {
         let mut values = Vec::with_capacity(records.len());
         for record in &records {
             seq += 1;
-            let hash = entry_hash(seq, &head, record);
-            let entry = Entry {
-                seq,
-                prev: head,
-                record: (*record).clone(),
-                hash: hash.clone(),
-            };
-            let value = serde_json::to_vec(&entry).unwrap_or_default();
+            let (hash, value) = stored_entry(seq, &head, record);
             journal::frame(&value, &mut frames);
             values.push((seq, value));
             head = hash;
         }
-        let seqs: Vec<u64> = values.iter().map(|(seq, _)| *seq).collect();
         // Into sled before the sync, so an acknowledged entry is also one
         // that `get` and `list` find; sled writes it out later (settle).
         // One insert each, not a sled batch: in sled 0.34 every batch writes
@@ -1186,9 +1192,10 @@ impl Writer {
             });
         match durable {
             Ok(()) => {
+                let committed = (self.seq + 1..=seq).map(Ok).collect();
                 self.seq = seq;
                 self.head = head;
-                seqs.into_iter().map(Ok).collect()
+                committed
             }
             Err(message) => {
                 // Whether any of it reached the disk is unknown: stop, so no
@@ -1236,6 +1243,34 @@ mod tests {
             }),
             status: Some(Status::Succeeded),
             ..Record::default()
+        }
+    }
+
+    /// The stored bytes are exactly `Entry`'s serialization, whatever the
+    /// record holds (quotes, control characters, non-ASCII, empty fields).
+    #[test]
+    fn a_stored_entry_is_the_hashed_json_with_the_hash_last() {
+        let mut odd = record(7);
+        odd.peer = Some("\"quoted\" \\ back\u{1}slash, ünïcode ✓".into());
+        odd.rule = Some(String::new());
+        for (seq, record) in [
+            (1, record(1)),
+            (2, record(2)),
+            (3, odd),
+            (4, Record::default()),
+        ] {
+            let prev = format!("prev-{seq}");
+            let (hash, stored) = stored_entry(seq, &prev, &record);
+            let entry = Entry {
+                seq,
+                prev,
+                record,
+                hash,
+            };
+            assert_eq!(
+                String::from_utf8(stored).unwrap(),
+                serde_json::to_string(&entry).unwrap()
+            );
         }
     }
 
