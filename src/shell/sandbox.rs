@@ -26,8 +26,8 @@
 //! the system's program paths, read the granted `ro` roots, read and write
 //! the `rw` roots, and (where the kernel has it) signal nothing outside
 //! the sandbox; with `--deny-network` no network (see
-//! [`network_landlock`]): Landlock's TCP rules and its abstract-socket
-//! scope; and a seccomp filter ([`apply_filter`]) that keeps the program
+//! [`network_rules`]): Landlock's TCP rules and its abstract-socket
+//! scope, in the same ruleset; and a seccomp filter ([`apply_filter`]) that keeps the program
 //! from changing other processes' priority or limits and, with
 //! `--deny-network`, refuses sockets of every family but `AF_UNIX`. If the
 //! kernel cannot enforce that (Landlock ABI 3, and 6 for the network;
@@ -77,7 +77,7 @@ pub struct SandboxArgs {
     rw: Vec<PathBuf>,
     /// Directories the program may read.
     ro: Vec<PathBuf>,
-    /// No network: see [`network_landlock`].
+    /// No network: see [`network_rules`].
     deny_network: bool,
     /// Make stdin (a terminal) the controlling terminal.
     tty: bool,
@@ -251,13 +251,8 @@ fn run(args: SandboxArgs, in_own_session: bool) -> ExitCode {
     if let Err(e) = rustix::thread::set_no_new_privs(true) {
         return refuse(format!("no_new_privs: {e}"));
     }
-    if applies(Mechanism::Landlock)
-        && let Err(e) = landlock(&args)
-    {
-        return refuse(e);
-    }
     let deny_network = args.deny_network && applies(Mechanism::Network);
-    if deny_network && let Err(e) = network_landlock() {
+    if let Err(e) = landlock(&args, applies(Mechanism::Landlock), deny_network) {
         return refuse(e);
     }
     if let Err(e) = apply_filter(deny_network) {
@@ -398,29 +393,41 @@ fn await_release(stdin_null: bool) -> Result<(), String> {
 /// sandbox, so a command cannot kill the daemon or another command, which
 /// run as the same user (the daemon signals commands; they signal only
 /// what they started).
-fn landlock(args: &SandboxArgs) -> Result<(), String> {
+/// One Landlock ruleset: with `files` the filesystem rules (and, best
+/// effort, the signal scope), with `no_network` the network's (see
+/// [`network_rules`]). Nothing to do when neither applies.
+fn landlock(args: &SandboxArgs, files: bool, no_network: bool) -> Result<(), String> {
+    if !files && !no_network {
+        return Ok(());
+    }
     let error = |e: landlock::RulesetError| format!("Landlock: {e}");
-    let ruleset = required_filesystem_rules().map_err(error)?;
+    let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
+    if files {
+        ruleset = required_filesystem_rules(ruleset).map_err(error)?;
+    }
+    if no_network {
+        ruleset = network_rules(ruleset).map_err(error)?;
+    }
+    // Last, so that a kernel without them weakens nothing required above.
     let newest = ABI::V5;
-    let ruleset = ruleset
-        .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(AccessFs::from_all(newest))
-        .and_then(|ruleset| ruleset.scope(Scope::Signal))
-        .map_err(error)?;
-    let (read, all) = (AccessFs::from_read(newest), AccessFs::from_all(newest));
-    let status = ruleset
-        .create()
-        .map_err(error)?
-        .add_rules(path_beneath_rules(SYSTEM_READ, read))
-        .map_err(error)?
-        .add_rules(path_beneath_rules(SYSTEM_WRITE, all))
-        .map_err(error)?
-        .add_rules(path_beneath_rules(&args.ro, read))
-        .map_err(error)?
-        .add_rules(path_beneath_rules(&args.rw, all))
-        .map_err(error)?
-        .restrict_self()
-        .map_err(error)?;
+    if files {
+        ruleset = ruleset
+            .set_compatibility(CompatLevel::BestEffort)
+            .handle_access(AccessFs::from_all(newest))
+            .and_then(|ruleset| ruleset.scope(Scope::Signal))
+            .map_err(error)?;
+    }
+    let mut created = ruleset.create().map_err(error)?;
+    if files {
+        let (read, all) = (AccessFs::from_read(newest), AccessFs::from_all(newest));
+        created = created
+            .add_rules(path_beneath_rules(SYSTEM_READ, read))
+            .and_then(|r| r.add_rules(path_beneath_rules(SYSTEM_WRITE, all)))
+            .and_then(|r| r.add_rules(path_beneath_rules(&args.ro, read)))
+            .and_then(|r| r.add_rules(path_beneath_rules(&args.rw, all)))
+            .map_err(error)?;
+    }
+    let status = created.restrict_self().map_err(error)?;
     match status.ruleset {
         // Partially: only the best-effort rights are missing (the required
         // ones would have failed above).
@@ -429,18 +436,16 @@ fn landlock(args: &SandboxArgs) -> Result<(), String> {
     }
 }
 
-fn required_filesystem_rules() -> Result<Ruleset, landlock::RulesetError> {
-    Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(ABI::V3))
+fn required_filesystem_rules(ruleset: Ruleset) -> Result<Ruleset, landlock::RulesetError> {
+    ruleset.handle_access(AccessFs::from_all(ABI::V3))
 }
 
 /// No network, in two layers, each refusing what the other cannot see.
 ///
-/// Landlock (a second ruleset, stacked on the filesystem one): no TCP
-/// connect or bind (ABI 4), and no connecting to an abstract UNIX socket
-/// made outside this sandbox (ABI 6) — a host's abstract sockets are
-/// services, not files, so the filesystem rules do not reach them.
+/// Landlock: no TCP connect or bind (ABI 4), and no connecting to an
+/// abstract UNIX socket made outside this sandbox (ABI 6) — a host's
+/// abstract sockets are services, not files, so the filesystem rules do not
+/// reach them.
 ///
 /// seccomp ([`apply_filter`]): `socket` and `socketpair` of any family but
 /// `AF_UNIX` fail with `EACCES` (UDP, raw, netlink, vsock… which Landlock
@@ -450,21 +455,8 @@ fn required_filesystem_rules() -> Result<Ruleset, landlock::RulesetError> {
 /// Pathname UNIX sockets are files: the Landlock filesystem rules decide
 /// which can be made. This replaced a network namespace per command,
 /// whose creation and teardown cost more CPU than `/bin/true` itself.
-fn network_landlock() -> Result<(), String> {
-    let error = |e: landlock::RulesetError| format!("Landlock (network): {e}");
-    let status = network_rules()
-        .and_then(|ruleset| ruleset.create())
-        .and_then(|ruleset| ruleset.restrict_self())
-        .map_err(error)?;
-    if status.ruleset == RulesetStatus::NotEnforced {
-        return Err("Landlock's network rules are not enforced on this kernel".into());
-    }
-    Ok(())
-}
-
-fn network_rules() -> Result<Ruleset, landlock::RulesetError> {
-    Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
+fn network_rules(ruleset: Ruleset) -> Result<Ruleset, landlock::RulesetError> {
+    ruleset
         .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?
         .scope(Scope::AbstractUnixSocket)
 }
@@ -474,7 +466,7 @@ fn network_rules() -> Result<Ruleset, landlock::RulesetError> {
 /// `EACCES` unless they name the caller itself (pid 0): the kernel lets a
 /// process do that to any process of the same user — the daemon and every
 /// other principal's commands — and Landlock does not scope it. With
-/// `deny_network` the sockets of [`network_landlock`] too. A syscall of
+/// `deny_network` the sockets of [`network_rules`] too. A syscall of
 /// another ABI (i386 through `int 0x80`) kills the process; x32's numbers
 /// are refused like the native ones.
 fn apply_filter(deny_network: bool) -> Result<(), String> {
@@ -563,11 +555,16 @@ impl Mechanism {
             return Err("missing (PORTCULLIS_SANDBOX_PRETEND_MISSING)".into());
         }
         match self {
-            Self::Landlock => required_filesystem_rules()
-                .and_then(|r| r.create().map(drop))
-                .map_err(|e| format!("Landlock: {e}")),
+            Self::Landlock => {
+                let hard = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
+                required_filesystem_rules(hard)
+                    .and_then(|r| r.create().map(drop))
+                    .map_err(|e| format!("Landlock: {e}"))
+            }
             // Last: the probe exits right after, without sockets.
-            Self::Network => network_landlock().and_then(|()| apply_filter(true)),
+            Self::Network => {
+                landlock(&SandboxArgs::default(), false, true).and_then(|()| apply_filter(true))
+            }
         }
     }
 }
