@@ -25,16 +25,17 @@
 //! `no_new_privs` (no setuid gains); a Landlock ruleset: read and execute
 //! the system's program paths, read the granted `ro` roots, read and write
 //! the `rw` roots, and (where the kernel has it) signal nothing outside
-//! the sandbox; with `--deny-network` no network (see
-//! [`network_rules`]): Landlock's TCP rules and its abstract-socket
-//! scope, in the same ruleset; and a seccomp filter ([`apply_filter`]) that keeps the program
+//! the sandbox; with `--deny-network` no network (see [`network_rules`]):
+//! Landlock's TCP rules and its abstract-socket scope, in the same
+//! ruleset; and a seccomp filter ([`apply_filter`]) that keeps the program
 //! from changing other processes' priority or limits and, with
 //! `--deny-network`, refuses sockets of every family but `AF_UNIX`. If the
 //! kernel cannot enforce that (Landlock ABI 3, and 6 for the network;
-//! seccomp, which is never skipped) the launcher refuses to run the program — unless the daemon
-//! passed `--skip` for that mechanism, which it does only for a grant with
-//! `sandbox = "best_effort"` on a host whose probe said the
-//! mechanism is missing (and then records a warning in the audit entry).
+//! seccomp, which is never skipped) the launcher refuses to run the
+//! program — unless the daemon passed `--skip` for that mechanism, which it
+//! does only for a grant with `sandbox = "best_effort"` on a host whose
+//! probe said the mechanism is missing (and then records a warning in the
+//! audit entry).
 //!
 //! With `--await-release`, the last step before exec is to read one byte
 //! from stdin: the daemon sends [`RELEASE`] once the request's start entry
@@ -462,10 +463,12 @@ fn network_rules(ruleset: Ruleset) -> Result<Ruleset, landlock::RulesetError> {
 }
 
 /// Every command's seccomp filter. The calls that change another
-/// process's priority, scheduling, I/O priority or rlimits fail with
-/// `EACCES` unless they name the caller itself (pid 0): the kernel lets a
-/// process do that to any process of the same user — the daemon and every
-/// other principal's commands — and Landlock does not scope it. With
+/// process's priority, scheduling policy, I/O priority or rlimits fail
+/// with `EACCES` unless they name the caller itself (pid 0): the kernel
+/// lets a process do that to any process of the same user — the daemon and
+/// every other principal's commands — and Landlock does not scope it.
+/// (CPU affinity stays allowed: `pthread_setaffinity_np` names a program's
+/// own threads by id, and pinning the daemon slows it at worst.) With
 /// `deny_network` the sockets of [`network_rules`] too. A syscall of
 /// another ABI (i386 through `int 0x80`) kills the process; x32's numbers
 /// are refused like the native ones.
@@ -495,8 +498,7 @@ fn command_filter(
         (libc::SYS_prlimit64, not_self.clone()),
         (libc::SYS_sched_setscheduler, not_self.clone()),
         (libc::SYS_sched_setparam, not_self.clone()),
-        (libc::SYS_sched_setattr, not_self.clone()),
-        (libc::SYS_sched_setaffinity, not_self),
+        (libc::SYS_sched_setattr, not_self),
     ];
     if deny_network {
         let not_unix = vec![arg_is_not(0, libc::AF_UNIX as u64)?];
