@@ -320,8 +320,7 @@ async fn the_sandbox_confines_files_network_and_resources() {
         "{r}"
     );
     let stat = std::fs::read_to_string(format!("/proc/{gateway}/stat")).unwrap();
-    let nice = stat[stat.rfind(')').unwrap() + 2..].split(' ').nth(16);
-    assert_eq!(nice, Some("0"), "{stat}");
+    assert_eq!(stat_field(&stat, NICE), Some("0"), "{stat}");
     let limits = std::fs::read_to_string(format!("/proc/{gateway}/limits")).unwrap();
     assert!(!limits.contains("Max open files            10"), "{limits}");
 
@@ -362,11 +361,7 @@ async fn the_sandbox_confines_files_network_and_resources() {
 #[tokio::test]
 async fn launchers_wait_at_the_lowest_priority_and_commands_run_at_the_daemons() {
     let Setup { gw, alice, .. } = setup().await;
-    let nice_of = |stat: &str| -> Option<i64> {
-        // After the `(comm)` field: state is field 3, nice field 19.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        rest.split(' ').nth(16)?.parse().ok()
-    };
+    let nice_of = |stat: &str| stat_field(stat, NICE)?.parse::<i64>().ok();
     // The first command finds the pool empty; it is filled after it.
     let r = alice.request("shell.exec", sh("true")).await.unwrap();
     assert_eq!(r["exit_code"], 0, "{r}");
@@ -404,15 +399,23 @@ fn launcher_children(gateway: u32) -> Vec<String> {
     let stats = std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok());
+    let gateway = gateway.to_string();
     stats
         .filter(|stat| {
-            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-                return false;
-            };
-            let parent = rest.split(' ').nth(1);
-            stat.contains("(portcullis-sand") && parent == Some(&gateway.to_string())
+            stat.contains("(portcullis-sand") && stat_field(stat, PARENT) == Some(&gateway)
         })
         .collect()
+}
+
+/// Fields of `/proc/PID/stat` (proc(5) numbers them from 1).
+const PARENT: usize = 4;
+const NICE: usize = 19;
+
+/// Field `n` of a `/proc/PID/stat` line, counted past the command name,
+/// which may hold spaces and parentheses.
+fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    let after_comm = &stat[stat.rfind(')')? + 2..];
+    after_comm.split(' ').nth(n.checked_sub(3)?)
 }
 
 /// `script` (bash) fails for alice, whose grant denies the network, with
