@@ -238,7 +238,7 @@ pub(crate) async fn spawn(
         Io::Piped { .. } => {
             // A launcher that is already waiting (`pool.rs`) reads its
             // arguments from stdin, which then carries the release byte.
-            let mut child = pool::launcher()?;
+            let mut child = pool::launcher().await?;
             if let Some(stdin) = child.stdin.as_mut() {
                 // A launcher that refused has exited; its status says why.
                 let _ = stdin.write_all(&sandbox::encode_args(&launcher_args)).await;

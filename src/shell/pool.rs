@@ -14,14 +14,19 @@
 //! priority (a child starts with its parent thread's nice value), so that
 //! starting the next one does not compete with the command just released:
 //! on two cores that competition cost about 0.6 ms of every `exec true`.
-//! A launcher takes the daemon's priority back as soon as its arguments
-//! arrive (`--nice`, [`restored_nice`]), before it sets anything up. That
-//! needs `RLIMIT_NICE` ≥ 20 (the unit's `LimitNICE=+0`) or `CAP_SYS_NICE`;
-//! where a probe finds neither, launchers start at the daemon's priority.
+//! A launcher gets the daemon's priority back when it is taken (the daemon
+//! renices it, so the rest of its start-up is not starved on a busy
+//! machine), and again from its own side as soon as its arguments arrive
+//! (`--nice`, [`restored_nice`]), before it sets anything up. When the pool
+//! has run dry, demand is outrunning the starter: it then starts launchers
+//! at the daemon's priority until one waits again. All this needs
+//! `RLIMIT_NICE` ≥ 20 (the unit's `LimitNICE=+0`) or `CAP_SYS_NICE`; where
+//! a probe finds neither, launchers start at the daemon's priority.
 
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 
+use rustix::process::Pid;
 use tokio::process::{Child, Command};
 use tokio::runtime::Handle;
 
@@ -49,8 +54,10 @@ fn with_pool<T>(f: impl FnOnce(&mut Pool) -> T) -> T {
 }
 
 /// A launcher waiting for its arguments on stdin: an idle one if there is
-/// one, else one started now. Either way the idle ones are topped up.
-pub(super) fn launcher() -> Result<Child, ErrorBody> {
+/// one, else one started now — on a blocking thread, since a spawn waits
+/// for the child's exec and would stall every session on this runtime
+/// worker meanwhile. Either way the idle ones are topped up.
+pub(super) async fn launcher() -> Result<Child, ErrorBody> {
     let idle = with_pool(|pool| {
         // One that exited while idle (killed from outside) is dropped.
         std::iter::from_fn(|| pool.idle.pop())
@@ -58,8 +65,17 @@ pub(super) fn launcher() -> Result<Child, ErrorBody> {
     });
     refill();
     match idle {
-        Some(child) => Ok(child),
-        None => start(),
+        Some(child) => {
+            if let Some(nice) = restored_nice() {
+                let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+                // Best effort: the launcher takes it back itself too.
+                let _ = rustix::process::setpriority_process(pid, nice);
+            }
+            Ok(child)
+        }
+        None => tokio::task::spawn_blocking(start)
+            .await
+            .unwrap_or_else(|e| Err(provider_error(format!("cannot start the command: {e}")))),
     }
 }
 
@@ -127,14 +143,23 @@ fn starter() -> &'static Starter {
         let thread = std::thread::Builder::new()
             .name("launcher-starter".into())
             .spawn(move || {
-                // Linux keeps a nice value per thread: this lowers only
+                // Linux keeps a nice value per thread: this changes only
                 // this thread, and the launchers it starts.
-                if lowered {
-                    let _ = rustix::process::setpriority_process(None, LOWEST_NICE);
-                }
+                let mut current = daemon_nice;
                 for (wanted, runtime) in received {
                     let _entered = runtime.enter();
                     for _ in 0..wanted {
+                        let dry = with_pool(|pool| pool.idle.is_empty());
+                        let nice = if lowered && !dry {
+                            LOWEST_NICE
+                        } else {
+                            daemon_nice
+                        };
+                        if nice != current
+                            && rustix::process::setpriority_process(None, nice).is_ok()
+                        {
+                            current = nice;
+                        }
                         let started = start();
                         with_pool(|pool| {
                             pool.starting -= 1;
