@@ -66,10 +66,10 @@ pub(super) async fn launcher() -> Result<Child, ErrorBody> {
     refill();
     match idle {
         Some(child) => {
-            if let Some(nice) = restored_nice() {
-                let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+            let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+            if let (Some(nice), Some(pid)) = (restored_nice(), pid) {
                 // Best effort: the launcher takes it back itself too.
-                let _ = rustix::process::setpriority_process(pid, nice);
+                let _ = rustix::process::setpriority_process(Some(pid), nice);
             }
             Ok(child)
         }
