@@ -2,12 +2,14 @@
 //!
 //! Policy has decided and normalised the path ([`FileTerms`]); this module
 //! parses the method's other params, runs the operation from `ops.rs` on
-//! the blocking pool, confined by `confine.rs`, and moves data: small
+//! the blocking pool (or, for a few system calls' work, on `quick.rs`'s
+//! threads), confined by `confine.rs`, and moves data: small
 //! contents inline in JSON, large ones as chunks on channel 4 (file data).
 //! docs/PROTOCOL.md §7 is the reference for params and results.
 
 pub mod confine;
 pub mod ops;
+mod quick;
 pub mod search;
 pub mod watch;
 
@@ -178,7 +180,7 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
         (method, Terms::File(file)) => {
             let path = file.path.clone();
             match method {
-                "file.stat" => blocking(move || ops::stat(&Root::open(&file)?, &path)).await,
+                "file.stat" => quick::run(move || ops::stat(&Root::open(&file)?, &path)).await,
                 "file.list" => {
                     let p: ListParams = params(&request)?;
                     let how = ops::Listing {
@@ -192,7 +194,7 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
                 }
                 "file.mkdir" => {
                     let flags: Flags = params(&request)?;
-                    blocking(move || ops::mkdir(&Root::open(&file)?, &path, flags.parents)).await
+                    quick::run(move || ops::mkdir(&Root::open(&file)?, &path, flags.parents)).await
                 }
                 "file.delete" => {
                     let flags: Flags = params(&request)?;
@@ -268,7 +270,8 @@ async fn read(
     usage: std::sync::Arc<Usage>,
     cancel: CancellationToken,
 ) -> Result<Value, ErrorBody> {
-    blocking(move || {
+    let stream = p.stream;
+    let op = move || {
         let root = Root::open(&file)?;
         let (handle, size) = ops::open_read(&root, &file.path)?;
         let offset = p.offset.min(size);
@@ -320,8 +323,13 @@ async fn read(
         result["length"] = json!(used);
         result["eof"] = json!(offset + used as u64 >= size);
         Ok(result)
-    })
-    .await
+    };
+    // A stream waits for its reader: never on a quick thread.
+    if stream {
+        blocking(op).await
+    } else {
+        quick::run(op).await
+    }
 }
 
 /// The longest prefix of `data` whose encoding fits one response, as
