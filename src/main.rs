@@ -12,9 +12,10 @@ use clap::{Parser, Subcommand};
 
 use cli::policy::DEFAULT_POLICY;
 
-/// glibc's allocator spent a fifth of the gateway's CPU time at 256
-/// requests in flight (bench/README.md); mimalloc, in its secure mode
-/// (guard pages, encrypted free lists), spends much less.
+/// glibc's allocator took a fifth of the gateway's CPU samples at 256
+/// requests in flight; with mimalloc, in its secure mode (guard pages,
+/// encrypted free lists), CPU per request fell by about a sixth
+/// (bench/README.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -3,11 +3,11 @@
 //!
 //! tokio's blocking pool starts a thread whenever none is idle, so under
 //! load it holds one per operation in flight (~170 at 256 stats in flight
-//! in the bench) and wakes a sleeping one for nearly every operation; that
-//! sleep and wake-up cost the gateway more CPU than the stat itself
-//! (bench/README.md). Here a handful of threads take operations from one
-//! queue and, while it is not empty, go from one to the next without
-//! sleeping.
+//! in the bench) and wakes a sleeping one for nearly every operation, a
+//! large share of a stat's cost (bench/README.md). Here a handful of
+//! threads take operations from one queue and, while it is not empty, go
+//! from one to the next without sleeping; a push wakes one only when some
+//! wait.
 //!
 //! Only operations with a bounded amount of work come here. Streams (a
 //! slow reader would hold a thread), listings, searches, copies and
