@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::frame::{ErrorBody, ErrorCode, Request};
@@ -180,7 +181,7 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
         (method, Terms::File(file)) => {
             let path = file.path.clone();
             match method {
-                "file.stat" => quick::run(move || ops::stat(&Root::open(&file)?, &path)).await,
+                "file.stat" => quick(move || ops::stat(&Root::open(&file)?, &path)).await,
                 "file.list" => {
                     let p: ListParams = params(&request)?;
                     let how = ops::Listing {
@@ -194,7 +195,7 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
                 }
                 "file.mkdir" => {
                     let flags: Flags = params(&request)?;
-                    quick::run(move || ops::mkdir(&Root::open(&file)?, &path, flags.parents)).await
+                    quick(move || ops::mkdir(&Root::open(&file)?, &path, flags.parents)).await
                 }
                 "file.delete" => {
                     let flags: Flags = params(&request)?;
@@ -254,12 +255,29 @@ fn unserved(method: &str) -> ErrorBody {
 async fn blocking<T: Send + 'static>(
     op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
 ) -> Result<T, ErrorBody> {
-    match tokio::task::spawn_blocking(op).await {
+    joined(tokio::task::spawn_blocking(op)).await
+}
+
+/// Runs a file operation of a few system calls on `quick.rs`'s threads.
+async fn quick<T: Send + 'static>(
+    op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
+) -> Result<T, ErrorBody> {
+    joined(quick::spawn(op)).await
+}
+
+/// A file operation's answer, once its thread is done with it.
+async fn joined<T>(operation: JoinHandle<Result<T, FileError>>) -> Result<T, ErrorBody> {
+    match operation.await {
         Ok(result) => result.map_err(FileError::into_body),
-        Err(e) => Err(ErrorBody::new(
-            ErrorCode::ProviderError,
-            format!("the file operation failed: {e}"),
-        )),
+        Err(e) => {
+            // A panic is a bug in the operation: its message is for the
+            // operator's log, not for the peer.
+            tracing::error!("a file operation failed: {e}");
+            Err(ErrorBody::new(
+                ErrorCode::ProviderError,
+                "the file operation failed inside the gateway (see its log)",
+            ))
+        }
     }
 }
 
@@ -328,7 +346,7 @@ async fn read(
     if stream {
         blocking(op).await
     } else {
-        quick::run(op).await
+        quick(op).await
     }
 }
 
@@ -525,6 +543,37 @@ impl Sink for Appender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A panicking operation answers with an error, and the quick threads
+    /// keep serving: more panics than threads, then results again.
+    #[tokio::test]
+    async fn a_panic_is_an_error_and_the_quick_threads_go_on() {
+        let limit = std::time::Duration::from_secs(10);
+        for _ in 0..quick::THREADS + 2 {
+            let answer = quick(|| -> Result<(), FileError> { panic!("a bug") });
+            let answer = tokio::time::timeout(limit, answer)
+                .await
+                .expect("no thread serves the quick operations any more");
+            let error = answer.expect_err("a panic must not look like success");
+            assert_eq!(error.code, ErrorCode::ProviderError);
+            assert!(!error.message.contains("a bug"), "{}", error.message);
+        }
+        let all = futures_util::future::join_all((0..64u32).map(|i| quick(move || Ok(i * 2))));
+        let answers = tokio::time::timeout(limit, all)
+            .await
+            .expect("no thread serves the quick operations any more");
+        let doubled: Vec<u32> = answers.into_iter().map(|a| a.unwrap()).collect();
+        assert_eq!(doubled, (0..64).map(|i| i * 2).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn an_operations_error_keeps_its_code() {
+        let answer = quick(|| -> Result<(), FileError> { Err(FileError::Cancelled) }).await;
+        assert_eq!(
+            answer.unwrap_err().code,
+            FileError::Cancelled.into_body().code
+        );
+    }
 
     #[test]
     fn inline_text_fits_one_record_and_cuts_at_characters() {
