@@ -182,6 +182,20 @@ impl Config {
         if l.max_connections == 0 || l.max_sessions_per_principal == 0 || l.max_in_flight == 0 {
             return Err(value_error("limits must be at least 1"));
         }
+        // Either would prune the whole audit log every minute: surely a
+        // slip, and one that destroys evidence.
+        if raw.audit.max_entries == Some(0) {
+            return Err(value_error(
+                "`[audit] max_entries = 0` would delete every audit entry; \
+                 remove the line to keep everything, or give a bound such as 1_000_000",
+            ));
+        }
+        if raw.audit.max_age == Some(Duration::ZERO) {
+            return Err(value_error(
+                "`[audit] max_age` of zero would delete every audit entry; \
+                 remove the line to keep everything, or give an age such as \"90d\"",
+            ));
+        }
         let base = path.parent().unwrap_or(Path::new("."));
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         Ok(Self {
@@ -210,6 +224,28 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retention_that_keeps_nothing_is_refused() {
+        let base = "listen = [\"127.0.0.1:7443\"]\nkey_file = \"k\"\npolicy = \"p\"\n\
+                    state_dir = \"s\"\nadmin_socket = \"a\"\n[audit]\n";
+        for (line, says) in [
+            ("max_entries = 0", "max_entries = 0"),
+            ("max_age = \"0s\"", "max_age"),
+        ] {
+            let error = Config::parse(&format!("{base}{line}\n"), Path::new("c.toml")).unwrap_err();
+            let message = error.to_string();
+            assert!(
+                message.contains(says) && message.contains("every audit entry"),
+                "{message}"
+            );
+        }
+        let kept = Config::parse(
+            &format!("{base}max_entries = 1\nmax_age = \"1s\"\n"),
+            Path::new("c.toml"),
+        );
+        assert!(kept.is_ok(), "{kept:?}");
+    }
 
     #[test]
     fn parses_with_defaults_and_relative_paths() {
