@@ -5,9 +5,10 @@
 //! and another is started in the background to take its place.
 //!
 //! An idle launcher holds nothing of any request: an empty environment, `/`
-//! as its working directory, no rights beyond the daemon's. Everything a
-//! command is confined by (roots, rlimits, `no_new_privs`, Landlock) is
-//! applied after its arguments arrive. When the daemon exits, the idle
+//! as its working directory, no rights beyond the daemon's. What is the
+//! same for every command (`no_new_privs`, the seccomp filter on priority
+//! calls) it applies while it waits; what depends on the grant (roots,
+//! rlimits, Landlock, the network) after its arguments arrive. When the daemon exits, the idle
 //! launchers' stdin closes and they exit without running anything.
 //!
 //! Launchers are started by a thread of their own at the lowest CPU

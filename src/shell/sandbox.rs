@@ -15,21 +15,23 @@
 //! --probe`, which reports which mechanisms this host has (one `NAME=ok`
 //! or `NAME=REASON` line each); the daemon asks once.
 //!
-//! In order: with `--nice` the daemon's CPU priority back (a launcher
+//! First what is the same for every command ([`Prepared`]; a launcher
+//! started ahead of need does it before its arguments come): `no_new_privs`
+//! (no setuid gains) and a seccomp filter ([`priority_filter`]) that keeps
+//! the program from changing other processes' priority or limits. Then,
+//! in order: with `--nice` the daemon's CPU priority back (a launcher
 //! started ahead of need waits at the lowest, see `pool.rs`); a session
 //! and process group of its own (so the daemon can end the whole group),
 //! with `--tty` its stdin as controlling terminal;
 //! with `--cwd` the working directory, opened beneath its root as `file.*`
 //! requests open paths; the grant's rlimits, no core dumps and no raising
-//! of its CPU priority;
-//! `no_new_privs` (no setuid gains); a Landlock ruleset: read and execute
+//! of its CPU priority; a Landlock ruleset: read and execute
 //! the system's program paths, read the granted `ro` roots, read and write
 //! the `rw` roots, and (where the kernel has it) signal nothing outside
 //! the sandbox; with `--deny-network` no network (see [`network_rules`]):
 //! Landlock's TCP rules and its abstract-socket scope, in the same
-//! ruleset; and a seccomp filter ([`apply_filter`]) that keeps the program
-//! from changing other processes' priority or limits and, with
-//! `--deny-network`, refuses sockets of every family but `AF_UNIX`. If the
+//! ruleset, and a second seccomp filter ([`network_filter`]) that refuses
+//! sockets of every family but `AF_UNIX`. If the
 //! kernel cannot enforce that (Landlock ABI 3, and 6 for the network;
 //! seccomp, which is never skipped) the launcher refuses to run the
 //! program — unless the daemon passed `--skip` for that mechanism, which it
@@ -51,8 +53,8 @@ use portcullis_policy::FileTerms;
 
 use crate::files::confine::Root;
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
 
 /// Exit status when the sandbox could not be set up (the program never
@@ -69,6 +71,9 @@ const SYSTEM_READ: &[&str] = &[
 ];
 /// Device files programs write to.
 const SYSTEM_WRITE: &[&str] = &["/dev/null", "/dev/zero", "/dev/tty", "/dev/full"];
+/// The newest Landlock ABI whose filesystem rights are asked for (where
+/// the kernel has them; see [`landlock`]).
+const NEWEST: ABI = ABI::V5;
 
 #[derive(Debug, Default)]
 pub struct SandboxArgs {
@@ -184,7 +189,10 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
         }
         Some("--args-on-stdin") => waiting(&args[1..]),
         _ => match SandboxArgs::parse(args.into_iter()) {
-            Ok(args) => run(args, false),
+            Ok(args) => match Prepared::new() {
+                Ok(prepared) => run(args, prepared, false),
+                Err(e) => refuse(e),
+            },
             Err(e) => refuse(e),
         },
     }
@@ -199,11 +207,15 @@ fn waiting(flags: &[OsString]) -> ExitCode {
     if let Err(e) = rustix::process::setsid() {
         return refuse(format!("setsid: {e}"));
     }
+    let prepared = match Prepared::new() {
+        Ok(prepared) => prepared,
+        Err(e) => return refuse(e),
+    };
     match read_args() {
         // The daemon exited (or dropped it) before it was needed.
         Ok(None) => ExitCode::from(EXIT_SANDBOX),
         Ok(Some(args)) => match SandboxArgs::parse(args.into_iter()) {
-            Ok(args) => run(args, true),
+            Ok(args) => run(args, prepared, true),
             Err(e) => refuse(e),
         },
         Err(e) => refuse(e),
@@ -215,9 +227,35 @@ fn refuse(what: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(EXIT_SANDBOX)
 }
 
+/// What a launcher sets up before it knows its command, because it is the
+/// same for every command: a launcher started ahead of need (`pool.rs`)
+/// does it while it waits, off the request's path. `no_new_privs` and the
+/// seccomp filter every command gets ([`priority_filter`]) are applied
+/// here; the system paths' Landlock rules are opened, to be added to the
+/// command's ruleset.
+struct Prepared {
+    system_rules: Vec<PathBeneath<PathFd>>,
+    /// For `--stdin-null`.
+    null: std::fs::File,
+}
+
+impl Prepared {
+    fn new() -> Result<Self, String> {
+        rustix::thread::set_no_new_privs(true).map_err(|e| format!("no_new_privs: {e}"))?;
+        apply_filter(priority_filter())?;
+        let (read, all) = (AccessFs::from_read(NEWEST), AccessFs::from_all(NEWEST));
+        let system_rules = path_beneath_rules(SYSTEM_READ, read)
+            .chain(path_beneath_rules(SYSTEM_WRITE, all))
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("Landlock: {e}"))?;
+        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+        Ok(Self { system_rules, null })
+    }
+}
+
 /// Runs the command as `args` say; `in_own_session`: a launcher started
 /// ahead of need made its session before its arguments came.
-fn run(args: SandboxArgs, in_own_session: bool) -> ExitCode {
+fn run(args: SandboxArgs, prepared: Prepared, in_own_session: bool) -> ExitCode {
     // Before anything else: the sandbox's own set-up is the command's work.
     if let Some(nice) = args.nice
         && let Err(e) = rustix::process::setpriority_process(None, nice)
@@ -249,18 +287,16 @@ fn run(args: SandboxArgs, in_own_session: bool) -> ExitCode {
             return refuse(format!("{}: {e}", limit.name()));
         }
     }
-    if let Err(e) = rustix::thread::set_no_new_privs(true) {
-        return refuse(format!("no_new_privs: {e}"));
-    }
     let deny_network = args.deny_network && applies(Mechanism::Network);
-    if let Err(e) = landlock(&args, applies(Mechanism::Landlock), deny_network) {
+    let files = applies(Mechanism::Landlock).then_some(prepared.system_rules);
+    if let Err(e) = landlock(&args, files, deny_network) {
         return refuse(e);
     }
-    if let Err(e) = apply_filter(deny_network) {
+    if deny_network && let Err(e) = apply_filter(network_filter()) {
         return refuse(e);
     }
     if args.await_release
-        && let Err(e) = await_release(args.stdin_null)
+        && let Err(e) = await_release(args.stdin_null.then_some(prepared.null))
     {
         return refuse(e);
     }
@@ -368,13 +404,9 @@ fn read_exact_stdin(buf: &mut [u8]) -> Result<usize, String> {
 }
 
 /// Waits for the daemon's [`RELEASE`] byte on stdin, reading exactly one
-/// byte (the request's input follows it), then with `stdin_null` puts
-/// /dev/null in its place.
-fn await_release(stdin_null: bool) -> Result<(), String> {
-    let null = match stdin_null {
-        true => Some(std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?),
-        false => None,
-    };
+/// byte (the request's input follows it), then puts `null` (/dev/null), if
+/// given, in its place.
+fn await_release(null: Option<std::fs::File>) -> Result<(), String> {
     let mut byte = [0u8; 1];
     match read_exact_stdin(&mut byte) {
         Ok(1) if byte == RELEASE => {}
@@ -394,36 +426,43 @@ fn await_release(stdin_null: bool) -> Result<(), String> {
 /// sandbox, so a command cannot kill the daemon or another command, which
 /// run as the same user (the daemon signals commands; they signal only
 /// what they started).
-/// One Landlock ruleset: with `files` the filesystem rules (and, best
-/// effort, the signal scope), with `no_network` the network's (see
-/// [`network_rules`]). Nothing to do when neither applies.
-fn landlock(args: &SandboxArgs, files: bool, no_network: bool) -> Result<(), String> {
-    if !files && !no_network {
+/// One Landlock ruleset: with `files` (the system paths' rules, see
+/// [`Prepared`]) the filesystem rules (and, best effort, the signal scope),
+/// with `no_network` the network's (see [`network_rules`]). Nothing to do
+/// when neither applies.
+fn landlock(
+    args: &SandboxArgs,
+    files: Option<Vec<PathBeneath<PathFd>>>,
+    no_network: bool,
+) -> Result<(), String> {
+    if files.is_none() && !no_network {
         return Ok(());
     }
     let error = |e: landlock::RulesetError| format!("Landlock: {e}");
     let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
-    if files {
+    if files.is_some() {
         ruleset = required_filesystem_rules(ruleset).map_err(error)?;
     }
     if no_network {
         ruleset = network_rules(ruleset).map_err(error)?;
     }
     // Last, so that a kernel without them weakens nothing required above.
-    let newest = ABI::V5;
-    if files {
+    if files.is_some() {
         ruleset = ruleset
             .set_compatibility(CompatLevel::BestEffort)
-            .handle_access(AccessFs::from_all(newest))
+            .handle_access(AccessFs::from_all(NEWEST))
             .and_then(|ruleset| ruleset.scope(Scope::Signal))
             .map_err(error)?;
     }
     let mut created = ruleset.create().map_err(error)?;
-    if files {
-        let (read, all) = (AccessFs::from_read(newest), AccessFs::from_all(newest));
+    if let Some(system_rules) = files {
+        let (read, all) = (AccessFs::from_read(NEWEST), AccessFs::from_all(NEWEST));
         created = created
-            .add_rules(path_beneath_rules(SYSTEM_READ, read))
-            .and_then(|r| r.add_rules(path_beneath_rules(SYSTEM_WRITE, all)))
+            .add_rules(
+                system_rules
+                    .into_iter()
+                    .map(Ok::<_, landlock::RulesetError>),
+            )
             .and_then(|r| r.add_rules(path_beneath_rules(&args.ro, read)))
             .and_then(|r| r.add_rules(path_beneath_rules(&args.rw, all)))
             .map_err(error)?;
@@ -448,7 +487,7 @@ fn required_filesystem_rules(ruleset: Ruleset) -> Result<Ruleset, landlock::Rule
 /// abstract sockets are services, not files, so the filesystem rules do not
 /// reach them.
 ///
-/// seccomp ([`apply_filter`]): `socket` and `socketpair` of any family but
+/// seccomp ([`network_filter`]): `socket` and `socketpair` of any family but
 /// `AF_UNIX` fail with `EACCES` (UDP, raw, netlink, vsock… which Landlock
 /// does not cover), and so does `io_uring_setup` (io_uring can open sockets
 /// without `socket`).
@@ -462,52 +501,62 @@ fn network_rules(ruleset: Ruleset) -> Result<Ruleset, landlock::RulesetError> {
         .scope(Scope::AbstractUnixSocket)
 }
 
-/// Every command's seccomp filter. The calls that change another
-/// process's priority, scheduling policy, I/O priority or rlimits fail
-/// with `EACCES` unless they name the caller itself (pid 0): the kernel
-/// lets a process do that to any process of the same user — the daemon and
-/// every other principal's commands — and Landlock does not scope it.
-/// (CPU affinity stays allowed: `pthread_setaffinity_np` names a program's
-/// own threads by id, and pinning the daemon slows it at worst.) With
-/// `deny_network` the sockets of [`network_rules`] too. A syscall of
-/// another ABI (i386 through `int 0x80`) kills the process; x32's numbers
-/// are refused like the native ones.
-fn apply_filter(deny_network: bool) -> Result<(), String> {
-    let program = command_filter(deny_network).map_err(|e| format!("seccomp: {e}"))?;
-    seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}"))
-}
-
-fn command_filter(
-    deny_network: bool,
-) -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
-    use seccompiler::{
-        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    };
-    let arg_is_not = |index: u8, value: u64| -> Result<SeccompRule, seccompiler::BackendError> {
-        let condition =
-            SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, value)?;
-        SeccompRule::new(vec![condition])
-    };
+/// Every command's seccomp filter, applied before the command is known
+/// ([`Prepared`]). The calls that change another process's priority,
+/// scheduling policy, I/O priority or rlimits fail with `EACCES` unless
+/// they name the caller itself (pid 0): the kernel lets a process do that
+/// to any process of the same user — the daemon and every other
+/// principal's commands — and Landlock does not scope it. (CPU affinity
+/// stays allowed: `pthread_setaffinity_np` names a program's own threads by
+/// id, and pinning the daemon slows it at worst.)
+fn priority_filter() -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
     // (which, who) with which = PRIO_PROCESS / IOPRIO_WHO_PROCESS.
     let not_self_priority = vec![arg_is_not(0, 0)?, arg_is_not(1, 0)?];
     let not_self_io_priority = vec![arg_is_not(0, 1)?, arg_is_not(1, 0)?];
     let not_self = vec![arg_is_not(0, 0)?];
-    let mut refused = vec![
+    refusing(vec![
         (libc::SYS_setpriority, not_self_priority),
         (libc::SYS_ioprio_set, not_self_io_priority),
         (libc::SYS_prlimit64, not_self.clone()),
         (libc::SYS_sched_setscheduler, not_self.clone()),
         (libc::SYS_sched_setparam, not_self.clone()),
         (libc::SYS_sched_setattr, not_self),
-    ];
-    if deny_network {
-        let not_unix = vec![arg_is_not(0, libc::AF_UNIX as u64)?];
-        refused.extend([
-            (libc::SYS_socket, not_unix.clone()),
-            (libc::SYS_socketpair, not_unix),
-            (libc::SYS_io_uring_setup, vec![]),
-        ]);
-    }
+    ])
+}
+
+/// The seccomp half of [`network_rules`], a second filter stacked on
+/// [`priority_filter`] for a command whose grant denies the network. Two
+/// filters rather than one, because installing one costs about 1 µs per
+/// instruction (the kernel works out which syscalls it always allows):
+/// the first is installed while the launcher waits, this short one after
+/// the request has arrived.
+fn network_filter() -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
+    let not_unix = vec![arg_is_not(0, libc::AF_UNIX as u64)?];
+    refusing(vec![
+        (libc::SYS_socket, not_unix.clone()),
+        (libc::SYS_socketpair, not_unix),
+        (libc::SYS_io_uring_setup, vec![]),
+    ])
+}
+
+/// A rule matching when argument `index` is not `value`.
+fn arg_is_not(
+    index: u8,
+    value: u64,
+) -> Result<seccompiler::SeccompRule, seccompiler::BackendError> {
+    use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
+    let condition = SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, value)?;
+    SeccompRule::new(vec![condition])
+}
+
+/// A filter refusing (`EACCES`) each syscall when one of its rules matches
+/// (always, with none) and allowing everything else. A syscall of another
+/// ABI (i386 through `int 0x80`) kills the process; x32's numbers are
+/// refused like the native ones.
+fn refusing(
+    mut refused: Vec<(i64, Vec<seccompiler::SeccompRule>)>,
+) -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
+    use seccompiler::{SeccompAction, SeccompFilter};
     #[cfg(target_arch = "x86_64")]
     {
         const X32: i64 = 0x4000_0000;
@@ -525,6 +574,13 @@ fn command_filter(
         arch,
     )?
     .try_into()
+}
+
+fn apply_filter(
+    program: Result<seccompiler::BpfProgram, seccompiler::BackendError>,
+) -> Result<(), String> {
+    let program = program.map_err(|e| format!("seccomp: {e}"))?;
+    seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}"))
 }
 
 /// The confinement mechanisms a host may lack.
@@ -564,9 +620,9 @@ impl Mechanism {
                     .map_err(|e| format!("Landlock: {e}"))
             }
             // Last: the probe exits right after, without sockets.
-            Self::Network => {
-                landlock(&SandboxArgs::default(), false, true).and_then(|()| apply_filter(true))
-            }
+            Self::Network => landlock(&SandboxArgs::default(), None, true)
+                .and_then(|()| apply_filter(priority_filter()))
+                .and_then(|()| apply_filter(network_filter())),
         }
     }
 }
