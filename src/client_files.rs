@@ -125,6 +125,6 @@ impl Sha256Writer {
     }
 
     fn hex(self) -> Value {
-        Value::String(crate::files::ops::hex(&sha2::Digest::finalize(self.0)))
+        Value::String(hex::encode(sha2::Digest::finalize(self.0)))
     }
 }

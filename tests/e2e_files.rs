@@ -438,7 +438,7 @@ async fn the_file_methods_work_and_are_audited_with_root_and_path() {
     .unwrap();
     assert_eq!(wrote["size"], 6);
     assert_eq!(wrote["path"], "/workspace/main/notes/today.txt");
-    assert_eq!(wrote["sha256"], hex(&Sha256::digest(b"hello\n")));
+    assert_eq!(wrote["sha256"], hex::encode(Sha256::digest(b"hello\n")));
     call(
         "file.append",
         json!({"root_id": "main", "path": "/workspace/main/notes/today.txt", "content": "d29ybGQK", "encoding": "base64"}),
@@ -632,7 +632,7 @@ async fn a_large_file_round_trips_with_matching_sha256() {
         .await
         .unwrap();
     let upload_time = started.elapsed();
-    let sent_hash = hex(&source.hasher.finalize());
+    let sent_hash = hex::encode(source.hasher.finalize());
     assert_eq!(
         (up["size"].as_u64(), up["sha256"].as_str()),
         (Some(size), Some(sent_hash.as_str()))
@@ -652,7 +652,7 @@ async fn a_large_file_round_trips_with_matching_sha256() {
         .unwrap();
     let download_time = started.elapsed();
     assert_eq!(sink.1, size);
-    assert_eq!(hex(&sink.0.finalize()), sent_hash);
+    assert_eq!(hex::encode(sink.0.finalize()), sent_hash);
     assert_eq!(down["sha256"].as_str(), Some(sent_hash.as_str()));
     println!(
         "{mib} MiB: upload {:.0} MB/s, download {:.0} MB/s ({} build; figures belong to benches)",
@@ -669,10 +669,6 @@ async fn a_large_file_round_trips_with_matching_sha256() {
     let entries = gw.audit_entries();
     assert!(entries.iter().any(|e| e.record.bytes_in == size));
     assert!(entries.iter().any(|e| e.record.bytes_out == size));
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Files in `dir` (not recursive), by name.

@@ -35,7 +35,7 @@ pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Policy, PolicyEr
         errors: Vec::new(),
         seen: HashMap::new(),
     };
-    let policy = v.policy(raw, base_dir, hex(&Sha256::digest(text.as_bytes())));
+    let policy = v.policy(raw, base_dir, hex::encode(Sha256::digest(text.as_bytes())));
     if v.errors.is_empty() {
         Ok(policy)
     } else {
@@ -515,19 +515,9 @@ fn decode_base64(text: &str) -> Option<Vec<u8>> {
 
 /// `sha256:` followed by 64 hex digits.
 pub(crate) fn parse_token_hash(text: &str) -> Option<[u8; 32]> {
-    let digits = text.strip_prefix("sha256:")?;
-    if digits.len() != 64 {
-        return None;
-    }
     let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(digits.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
+    hex::decode_to_slice(text.strip_prefix("sha256:")?, &mut out).ok()?;
     Some(out)
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// 1-based line and column (in characters) of a byte offset.

@@ -49,10 +49,7 @@ pub fn new_token(json: bool) -> ExitCode {
         "pct_{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes.as_ref())
     ));
-    let hash: String = Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hash = hex::encode(Sha256::digest(token.as_bytes()));
     if json {
         println!(
             "{}",

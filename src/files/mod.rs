@@ -319,7 +319,7 @@ async fn read(
                     .map_err(|_| FileError::Cancelled)?;
             }
             result["length"] = json!(sent);
-            result["sha256"] = json!(ops::hex(&hasher.finalize()));
+            result["sha256"] = json!(hex::encode(hasher.finalize()));
             result["eof"] = json!(offset + sent >= size);
             return Ok(result);
         }

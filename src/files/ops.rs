@@ -426,13 +426,7 @@ impl AtomicFile {
         }
         let mut random = [0u8; 8];
         getrandom::fill(&mut random).map_err(|e| FileError::Io(e.to_string()))?;
-        let temp = format!(
-            ".portcullis-{}.tmp",
-            random
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        );
+        let temp = format!(".portcullis-{}.tmp", hex::encode(random));
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
         let fd = root
             .open_beneath(&dir, &temp, flags, Mode::from_raw_mode(mode))
@@ -582,7 +576,7 @@ impl HashPipe {
                 for data in rx {
                     hasher.update(&data);
                 }
-                hex(&hasher.finalize())
+                hex::encode(hasher.finalize())
             })
             .map_err(|e| FileError::Io(format!("cannot start hashing: {e}")))?;
         Ok(Self {
@@ -605,8 +599,4 @@ impl HashPipe {
             .and_then(|thread| thread.join().ok())
             .ok_or_else(|| FileError::Io("hashing the data failed".into()))
     }
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

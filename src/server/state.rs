@@ -132,7 +132,7 @@ pub fn random_id() -> String {
     // Without OS randomness the daemon could not make keys either; an all-zero
     // id is still unique enough for one instance and is never a secret.
     let _ = getrandom::fill(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 #[derive(Default)]
