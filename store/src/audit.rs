@@ -8,16 +8,18 @@
 //! so an edited, deleted or reordered entry breaks the chain at a place
 //! [`AuditLog::verify`] names. Appends go through one writer thread that
 //! takes every queued record, writes them to the journal
-//! ([`crate::journal`]) in one write and into sled's tree, and
-//! `fdatasync`s the journal before answering: many concurrent requests
-//! share one sync, and nothing is acknowledged before it is on disk. sled
-//! itself is flushed and synced when the journal has grown, at checkpoints
-//! and at shutdown; then the journal is emptied.
+//! ([`crate::journal`]) in one write and `fdatasync`s it before answering:
+//! many concurrent requests share one sync, and nothing is acknowledged
+//! before it is on disk. Then it inserts them into sled's tree — after
+//! the answers, so that no request waits for sled; a reader waits for
+//! those inserts instead ([`AuditLog::entries`]). sled itself is flushed
+//! and synced when the journal has grown, at checkpoints and at shutdown;
+//! then the journal is emptied.
 
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -177,10 +179,7 @@ fn entry_hash(seq: u64, prev: &str, record: &Record) -> String {
 /// serializing [`Entry`] gives (a test holds them to it).
 fn stored_entry(seq: u64, prev: &str, record: &Record) -> (String, Vec<u8>) {
     let mut json = serde_json::to_vec(&Hashed { seq, prev, record }).unwrap_or_default();
-    let hash: String = Sha256::digest(&json)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hash = hex::encode(Sha256::digest(&json));
     json.pop(); // the closing brace
     json.extend_from_slice(b",\"hash\":\"");
     json.extend_from_slice(hash.as_bytes());
@@ -246,8 +245,8 @@ pub const COMMIT_BUCKETS: [f64; 10] = [
 ];
 
 /// What the writer has committed since the log was opened: group commits,
-/// the entries in them, and how long each commit (journal write, sled
-/// insert, fdatasync) took. Shared between the writer thread and every
+/// the entries in them, and how long each commit (journal write and
+/// fdatasync) took. Shared between the writer thread and every
 /// handle.
 #[derive(Default)]
 struct CommitCounters {
@@ -309,6 +308,9 @@ pub struct AuditLog {
     /// The public half of the signer, when this log signs.
     public_key: Option<Vec<u8>>,
     counters: Arc<CommitCounters>,
+    /// Held by the writer from answering a group until its entries are in
+    /// `tree` (see [`Self::entries`]).
+    indexing: Arc<Mutex<()>>,
     recovery: Recovery,
 }
 
@@ -357,6 +359,7 @@ impl AuditLog {
             signed_through,
             last_checkpoint: std::time::Instant::now(),
             counters: Arc::new(CommitCounters::default()),
+            indexing: Arc::default(),
         };
         // A log pruned to nothing continues where its prune marker says.
         let marker = read_prune_marker(&meta)?.and_then(Result::ok);
@@ -373,6 +376,7 @@ impl AuditLog {
         };
         let (jobs, queue) = mpsc::channel::<Job>();
         let counters = writer.counters.clone();
+        let indexing = writer.indexing.clone();
         let public_key = writer.public_key.clone();
         std::thread::Builder::new()
             .name("audit-writer".into())
@@ -386,8 +390,19 @@ impl AuditLog {
             jobs,
             public_key,
             counters,
+            indexing,
             recovery,
         })
+    }
+
+    /// The entries' tree, holding every entry acknowledged so far: the
+    /// writer answers a group once its journal is synced and inserts it
+    /// into sled right after, holding `indexing` from before the first
+    /// answer until the last insert. So whoever saw an answer and then
+    /// reads waits here for that group's inserts (microseconds).
+    fn entries(&self) -> &sled::Tree {
+        drop(self.indexing.lock().unwrap_or_else(|e| e.into_inner()));
+        &self.tree
     }
 
     /// What opening the log found in its journal (after a crash: entries
@@ -476,7 +491,7 @@ impl AuditLog {
 
     pub fn get(&self, seq: u64) -> Result<Option<Entry>, StoreError> {
         match self
-            .tree
+            .entries()
             .get(seq.to_be_bytes())
             .map_err(|e| StoreError::Io(e.to_string()))?
         {
@@ -489,7 +504,7 @@ impl AuditLog {
     pub fn list(&self, filter: &Filter) -> Result<Vec<Entry>, StoreError> {
         let matcher = filter.method_matcher();
         let mut out = Vec::new();
-        for item in self.tree.iter().rev() {
+        for item in self.entries().iter().rev() {
             let (key, value) = item.map_err(|e| StoreError::Io(e.to_string()))?;
             let entry = decode(&key, &value)?;
             if filter
@@ -512,7 +527,7 @@ impl AuditLog {
     /// Entries after `seq`, oldest first (for `audit tail -f`).
     pub fn after(&self, seq: u64, limit: usize) -> Result<Vec<Entry>, StoreError> {
         let mut out = Vec::new();
-        for item in self.tree.range((seq + 1).to_be_bytes()..).take(limit) {
+        for item in self.entries().range((seq + 1).to_be_bytes()..).take(limit) {
             let (key, value) = item.map_err(|e| StoreError::Io(e.to_string()))?;
             out.push(decode(&key, &value)?);
         }
@@ -523,8 +538,9 @@ impl AuditLog {
     /// oldest kept entry, so this reads two keys, not the whole log.
     pub fn stats(&self) -> Result<LogStats, StoreError> {
         let io = |e: sled::Error| StoreError::Io(e.to_string());
-        let first_seq = self.tree.first().map_err(io)?.map(|(k, _)| key_seq(&k));
-        let last_seq = self.tree.last().map_err(io)?.map(|(k, _)| key_seq(&k));
+        let entries = self.entries();
+        let first_seq = entries.first().map_err(io)?.map(|(k, _)| key_seq(&k));
+        let last_seq = entries.last().map_err(io)?.map(|(k, _)| key_seq(&k));
         let size_on_disk = self.db.size_on_disk().map_err(io)?;
         Ok(match (first_seq, last_seq) {
             (Some(first_seq), Some(last_seq)) => LogStats {
@@ -557,7 +573,7 @@ impl AuditLog {
             return Ok(verifier.finish());
         }
         let mut checkpoints = self.checkpoints.iter().peekable();
-        for item in self.tree.iter() {
+        for item in self.entries().iter() {
             let (k, value) = item.map_err(|e| StoreError::Io(e.to_string()))?;
             if !verifier.entry(key_seq(&k), decode(&k, &value)) {
                 return Ok(verifier.finish());
@@ -600,7 +616,7 @@ impl AuditLog {
         }
         let mut checkpoints = self.checkpoints.iter().peekable();
         let mut count = 0;
-        for item in self.tree.iter() {
+        for item in self.entries().iter() {
             let (k, value) = item.map_err(|e| StoreError::Io(e.to_string()))?;
             let seq = key_seq(&k);
             let entry: serde_json::Value =
@@ -929,6 +945,7 @@ struct Writer {
     signed_through: u64,
     last_checkpoint: std::time::Instant,
     counters: Arc<CommitCounters>,
+    indexing: Arc<Mutex<()>>,
 }
 
 impl Writer {
@@ -963,11 +980,15 @@ impl Writer {
                 }
             }
             let started = std::time::Instant::now();
-            let results = self.commit(group.iter().map(|(record, _)| record));
+            let (results, values) = self.commit(group.iter().map(|(record, _)| record));
             self.counters.record(group.len(), started.elapsed());
+            let indexing = self.indexing.clone();
+            let inserting = indexing.lock().unwrap_or_else(|e| e.into_inner());
             for ((_, reply), result) in group.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
+            self.index(values);
+            drop(inserting);
             // After the answers: nobody waits for sled to be written out.
             if self.journal.len() >= JOURNAL_LIMIT && !self.failed && self.settle().is_err() {
                 // sled cannot be written: stop, as after a failed commit.
@@ -1147,14 +1168,16 @@ impl Writer {
     }
 
     /// Writes one group durably; every record gets its sequence number, or
-    /// all get the error.
+    /// all get the error. Returns too the entries to put into sled (see
+    /// [`Self::index`]).
     fn commit<'a>(
         &mut self,
         records: impl Iterator<Item = &'a Record>,
-    ) -> Vec<Result<u64, StoreError>> {
+    ) -> (Vec<Result<u64, StoreError>>, Vec<(u64, Vec<u8>)>) {
         let records: Vec<&Record> = records.collect();
         if self.failed {
-            return records.iter().map(|_| Err(StoreError::Failed)).collect();
+            let failed = records.iter().map(|_| Err(StoreError::Failed)).collect();
+            return (failed, Vec::new());
         }
         let (mut seq, mut head) = (self.seq, self.head.clone());
         let mut frames = Vec::new();
@@ -1166,23 +1189,10 @@ impl Writer {
             values.push((seq, value));
             head = hash;
         }
-        // Into sled before the sync, so an acknowledged entry is also one
-        // that `get` and `list` find; sled writes it out later (settle).
-        // One insert each, not a sled batch: in sled 0.34 every batch writes
-        // out sled's log buffer at once, which is the IO the journal avoids
-        // (the journal, not sled, makes a group atomic).
         let durable = self
             .journal
             .write(&frames)
             .map_err(|e| format!("audit journal: {e}"))
-            .and_then(|()| {
-                values.into_iter().try_for_each(|(seq, value)| {
-                    self.tree
-                        .insert(seq.to_be_bytes(), value)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                })
-            })
             .and_then(|()| match self.durability {
                 Durability::Fdatasync => self
                     .journal
@@ -1195,16 +1205,32 @@ impl Writer {
                 let committed = (self.seq + 1..=seq).map(Ok).collect();
                 self.seq = seq;
                 self.head = head;
-                committed
+                (committed, values)
             }
             Err(message) => {
                 // Whether any of it reached the disk is unknown: stop, so no
                 // request runs unaudited.
                 self.failed = true;
-                records
+                let failed = records
                     .iter()
                     .map(|_| Err(StoreError::Io(message.clone())))
-                    .collect()
+                    .collect();
+                (failed, Vec::new())
+            }
+        }
+    }
+
+    /// Puts a committed group into sled, which writes it out later
+    /// (settle). One insert each, not a sled batch: in sled 0.34 every
+    /// batch writes out sled's log buffer at once, which is the IO the
+    /// journal avoids (the journal, not sled, makes a group atomic). If
+    /// sled fails, the entries are safe in the journal (the next start puts
+    /// them back) and the writer stops, as after a failed commit.
+    fn index(&mut self, values: Vec<(u64, Vec<u8>)>) {
+        for (seq, value) in values {
+            if self.tree.insert(seq.to_be_bytes(), value).is_err() {
+                self.failed = true;
+                return;
             }
         }
     }
@@ -1318,6 +1344,31 @@ mod tests {
             (report.entries, report.last_seq, report.error),
             (400, 400, None)
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The writer answers before it inserts into sled; a reader who saw
+    /// the answer still finds the entry (and its whole group).
+    #[test]
+    fn an_acknowledged_entry_is_found_at_once() {
+        let dir = temp("found-at-once");
+        let store = Store::open(&dir).unwrap();
+        let log = store.audit_with(Durability::Written, None).unwrap();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    for i in 0..100 {
+                        let seq = log.append_blocking(record(t * 100 + i)).unwrap();
+                        assert!(log.get(seq).unwrap().is_some(), "entry {seq}");
+                        assert!(log.stats().unwrap().last_seq >= seq, "entry {seq}");
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
         let _ = std::fs::remove_dir_all(dir);
     }
 
