@@ -187,7 +187,7 @@ max_processes = 512
     }
 }
 
-/// Counters of the audit log's group commits (journal write, sled insert, fdatasync).
+/// Counters of the audit log's group commits (journal write and fdatasync).
 #[derive(Clone, Copy)]
 pub struct AuditCommits {
     commits: f64,

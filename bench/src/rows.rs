@@ -400,7 +400,7 @@ pub async fn requests(
                 1,
             ),
             (
-                "audit group commit (journal write, sled insert, fdatasync), mean",
+                "audit group commit (journal write and fdatasync), mean",
                 "ms",
                 &commit_ms,
                 &Spread::default(),

@@ -165,7 +165,7 @@ impl Metrics {
         metric(
             "portcullis_audit_commit_seconds",
             "histogram",
-            "Audit group commits (journal write, sled insert, fdatasync): how long each took.",
+            "Audit group commits (journal write and fdatasync): how long each took.",
             &histogram,
         );
         metric(
