@@ -188,6 +188,8 @@ fn stored_entry(seq: u64, prev: &str, record: &Record) -> (String, Vec<u8>) {
 }
 
 type Reply = oneshot::Sender<Result<u64, StoreError>>;
+/// An entry as sled stores it: its sequence number and its JSON.
+type Stored = (u64, Vec<u8>);
 
 /// What the writer thread is asked to do.
 enum Job {
@@ -1173,7 +1175,7 @@ impl Writer {
     fn commit<'a>(
         &mut self,
         records: impl Iterator<Item = &'a Record>,
-    ) -> (Vec<Result<u64, StoreError>>, Vec<(u64, Vec<u8>)>) {
+    ) -> (Vec<Result<u64, StoreError>>, Vec<Stored>) {
         let records: Vec<&Record> = records.collect();
         if self.failed {
             let failed = records.iter().map(|_| Err(StoreError::Failed)).collect();
@@ -1226,7 +1228,7 @@ impl Writer {
     /// journal avoids (the journal, not sled, makes a group atomic). If
     /// sled fails, the entries are safe in the journal (the next start puts
     /// them back) and the writer stops, as after a failed commit.
-    fn index(&mut self, values: Vec<(u64, Vec<u8>)>) {
+    fn index(&mut self, values: Vec<Stored>) {
         for (seq, value) in values {
             if self.tree.insert(seq.to_be_bytes(), value).is_err() {
                 self.failed = true;
