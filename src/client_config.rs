@@ -77,15 +77,19 @@ pub fn remembered_key(dir: &Path, url: &str) -> Result<Option<PublicKey>, String
         .transpose()
 }
 
-/// Remembers `key` for `url` (replacing what was there).
+/// Remembers `key` for `url` (replacing what was there); writes nothing
+/// when that key is remembered already.
 pub fn remember(dir: &Path, url: &str, key: &PublicKey) -> Result<(), String> {
     let mut gateways = read(dir)?;
-    gateways.gateway.insert(
-        url.to_string(),
-        Remembered {
-            key: key.to_base64(),
-        },
-    );
+    let key = key.to_base64();
+    if gateways
+        .gateway
+        .get(url)
+        .is_some_and(|known| known.key == key)
+    {
+        return Ok(());
+    }
+    gateways.gateway.insert(url.to_string(), Remembered { key });
     create_private_dir(dir)?;
     let text = toml::to_string(&gateways).map_err(|e| e.to_string())?;
     let path = dir.join("gateways.toml");
@@ -102,4 +106,33 @@ fn create_private_dir(dir: &Path) -> Result<(), String> {
         .mode(0o700)
         .create(dir)
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt as _;
+
+    #[test]
+    fn a_key_is_remembered_once_and_replaced_when_it_changes() {
+        let dir = std::env::temp_dir().join(format!("portcullis-gateways-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let url = "ws://127.0.0.1:7443";
+        let (first, second) = (
+            PublicKey::from_bytes([1; 32]),
+            PublicKey::from_bytes([2; 32]),
+        );
+        let inode = || std::fs::metadata(dir.join("gateways.toml")).unwrap().ino();
+        remember(&dir, url, &first).unwrap();
+        let written = inode();
+        // The same key again: the file is not rewritten (a rewrite renames
+        // a new file into place, with a new inode).
+        remember(&dir, url, &first).unwrap();
+        assert_eq!(inode(), written);
+        assert_eq!(remembered_key(&dir, url).unwrap(), Some(first));
+        remember(&dir, url, &second).unwrap();
+        assert_ne!(inode(), written);
+        assert_eq!(remembered_key(&dir, url).unwrap(), Some(second));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
