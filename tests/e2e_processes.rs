@@ -407,6 +407,41 @@ async fn a_terminal_has_its_size_hears_resizes_and_takes_input() {
 }
 
 #[tokio::test]
+async fn a_start_with_stdin_gives_the_text_then_closes_it() {
+    let Setup { gw, alice, .. } = setup("1h");
+    let client = connect(&gw, &alice).await;
+    for (text, expected) in [("one\ntwo\n", "one\ntwo\nend\n"), ("", "end\n")] {
+        let mut params = sh("cat; echo end");
+        params["stdin"] = json!(text);
+        let mut start = client.start("shell.start", params).await.unwrap();
+        let mut seen = Seen::default();
+        read_until(&mut start, &mut seen, "end\n").await;
+        assert_eq!(seen.text(), expected);
+        let id = seen.frame("started").unwrap()["process_id"].clone();
+        let result = tokio::time::timeout(Duration::from_secs(10), start.response())
+            .await
+            .expect("cat ends at the end of its input")
+            .unwrap();
+        assert_eq!(result["exit_code"], 0, "{result}");
+        // Its stdin is closed: more input has nowhere to go.
+        let more = client
+            .request("shell.input", json!({"process_id": id, "data": "x"}))
+            .await;
+        assert_eq!(remote(&more).map(|r| r.0), Some(ErrorCode::NotFound));
+    }
+    // A terminal's input is typed, not given at the start.
+    let refused = client
+        .request(
+            "shell.start",
+            json!({"command": ["sh", "-c", "true"], "pty": true, "stdin": "x"}),
+        )
+        .await;
+    let (code, message) = remote(&refused).expect("refused");
+    assert_eq!(code, ErrorCode::InvalidRequest);
+    assert!(message.contains("shell.input"), "{message}");
+}
+
+#[tokio::test]
 async fn an_idle_detached_process_is_ended_and_a_revoked_one_killed() {
     let Setup { gw, alice, bob } = setup("2s");
     let marker = format!("idle-{}", std::process::id());

@@ -604,6 +604,11 @@ fn the_exec_verb_streams_output_and_exits_with_the_remote_code() {
     let refused = run(&["--", "ls"]);
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("permission_denied"));
+    // `output()` gives the CLI /dev/null as stdin: the command reads EOF
+    // from its start (the timeout fails this instead of hanging on it).
+    let null = run(&["--timeout", "20", "--", "sh", "-c", "cat; echo read-eof"]);
+    assert_eq!(String::from_utf8_lossy(&null.stdout), "read-eof\n");
+    assert_eq!(null.status.code(), Some(0));
     // Local stdin reaches the command, and its end closes the command's.
     let mut piped = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
         .args(["exec", gw.url.as_str(), "--gateway-key", &key])
@@ -632,8 +637,22 @@ fn the_exec_verb_streams_output_and_exits_with_the_remote_code() {
         .collect();
     assert_eq!(
         codes,
-        [Some(7), None, None, Some(0)],
+        [Some(7), None, None, Some(0), Some(0)],
         "killed and refused have none"
+    );
+    // Only the piped run (the last start) sent input: with /dev/null the
+    // start closed the command's stdin.
+    let methods: Vec<(portcullis_store::Kind, &str)> = entries
+        .iter()
+        .filter_map(|e| Some((e.record.kind, e.record.method.as_deref()?)))
+        .collect();
+    let first_input = methods.iter().position(|(_, m)| *m == "shell.input");
+    let last_start = methods.iter().rposition(|(kind, m)| {
+        *kind == portcullis_store::Kind::RequestStart && *m == "shell.start"
+    });
+    assert!(
+        first_input.is_some() && first_input > last_start,
+        "{methods:?}"
     );
     let _ = std::fs::remove_dir_all(home);
 }

@@ -7,7 +7,9 @@
 //! into raw mode (restored however the command ends), window size changes
 //! are sent as `shell.resize`. Input travels as `shell.input` requests,
 //! one at a time so that keystrokes keep their order; what is typed while
-//! one is on its way goes in the next.
+//! one is on its way goes in the next. `exec` with `--no-stdin`, or with
+//! `/dev/null` as its stdin, closes the command's stdin in the start
+//! itself.
 
 use std::future::Future;
 use std::io::{IsTerminal as _, Read as _, Write as _};
@@ -66,13 +68,19 @@ pub struct Shell {
 }
 
 pub fn exec(args: Exec) -> ExitCode {
-    let params = match start_params(&args.command, &args.placement) {
+    let mut params = match start_params(&args.command, &args.placement) {
         Ok(params) => params,
         Err(e) => return fail(e),
     };
+    // Nothing to send: the command reads /dev/null from its start, with no
+    // `shell.input` (and its audit entry) to close its stdin.
+    let stdin = !args.no_stdin && !stdin_is_dev_null();
+    if !stdin {
+        params["stdin"] = json!("");
+    }
     let mode = Mode {
         terminal: false,
-        stdin: !args.no_stdin,
+        stdin,
     };
     finish(run(&args.target, params, mode))
 }
@@ -160,12 +168,14 @@ async fn follow(client: &Client, params: Value, mode: Mode) -> Result<Value, Cli
         true => read_stdin(),
         false => mpsc::channel(1).1,
     };
+    // Without stdin the start closed the command's already.
+    let (mut input_ended, mut eof_sent) = (!mode.stdin, !mode.stdin);
     let mut resized = match mode.terminal {
         true => signal(SignalKind::window_change()).ok(),
         false => None,
     };
     let mut process_id: Option<String> = None;
-    let (mut typed, mut input_ended, mut eof_sent) = (Vec::new(), false, false);
+    let mut typed = Vec::new();
     let mut sending: Option<InputReply<'_>> = None;
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
     loop {
@@ -239,6 +249,17 @@ fn read_stdin() -> mpsc::Receiver<Vec<u8>> {
         }
     });
     rx
+}
+
+/// Whether this process's stdin is `/dev/null` (as under `cron`, `ssh -n`
+/// or `< /dev/null`).
+fn stdin_is_dev_null() -> bool {
+    use rustix::fs::{FileType, fstat, stat};
+    let (Ok(stdin), Ok(null)) = (fstat(std::io::stdin()), stat("/dev/null")) else {
+        return false;
+    };
+    let is_char = |mode| FileType::from_raw_mode(mode) == FileType::CharacterDevice;
+    is_char(stdin.st_mode) && is_char(null.st_mode) && stdin.st_rdev == null.st_rdev
 }
 
 /// This terminal's (columns, rows); 80×24 when stdin is not a terminal.

@@ -38,6 +38,10 @@ struct StartParams {
     pty: bool,
     cols: Option<u16>,
     rows: Option<u16>,
+    /// Text for the standard input, which is then closed (`""`: nothing,
+    /// the command reads `/dev/null`). Without it stdin stays open for
+    /// `shell.input`.
+    stdin: Option<String>,
 }
 
 pub async fn start(mut call: Call) -> Result<Value, ErrorBody> {
@@ -79,12 +83,25 @@ async fn launch(
         ),
         false => None,
     };
-    let io = match &terminal {
-        Some(pty) => Io::Terminal(pty),
-        None => Io::Piped { stdin: true },
+    let io = match (&terminal, &p.stdin) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "`stdin` is for a process without a terminal; send a terminal's input with shell.input",
+            ));
+        }
+        (Some(pty), None) => Io::Terminal(pty),
+        (None, given) => Io::Piped {
+            stdin: given.as_ref().is_none_or(|text| !text.is_empty()),
+        },
     };
     let mut running = spawn(&call.principal, terms, &p.command, io, start_entry).await?;
     let (stdin_tx, stdin_rx) = mpsc::channel(16);
+    if let Some(text) = p.stdin.as_ref().filter(|text| !text.is_empty()) {
+        call.usage.add_in(text.len());
+        // A fresh channel of 16 has room for both.
+        let _ = stdin_tx.try_send(StdinChunk::Data(Bytes::from(text.clone())));
+        let _ = stdin_tx.try_send(StdinChunk::End);
+    }
     let process = process::register(Spec {
         owner: call.principal.clone(),
         request: call.request.clone(),
