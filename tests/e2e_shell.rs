@@ -870,5 +870,34 @@ fn the_launcher_runs_the_program_only_once_released() {
         String::from_utf8_lossy(&out.stderr).contains("working directory"),
         "{out:?}"
     );
+
+    // A launcher started without network (as the pool keeps them for
+    // grants that deny it) runs such a command, and refuses one whose
+    // arguments allow the network rather than run it with less.
+    let prefiltered = |deny: bool| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
+            .args(["--args-on-stdin", "--deny-network"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut args: Vec<&str> = deny.then_some("--deny-network").into_iter().collect();
+        args.extend(["--", "/bin/sh", "-c", "echo ran"]);
+        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&encode_args(&args)).unwrap();
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    };
+    let out = prefiltered(true);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n", "{out:?}");
+    let out = prefiltered(false);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("may use it"),
+        "{out:?}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

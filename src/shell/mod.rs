@@ -231,6 +231,7 @@ pub(crate) async fn spawn(
         start_entry.wait().await?;
     }
     let skip = missing_mechanisms(terms)?;
+    let skip_network = skip.iter().any(|(m, _)| *m == Mechanism::Network);
     let launcher_args = launcher_args(terms, &program, args, &io, &skip);
     let keep_stdin = matches!(io, Io::Piped { stdin: true });
     let started = Instant::now();
@@ -238,7 +239,11 @@ pub(crate) async fn spawn(
         Io::Piped { .. } => {
             // A launcher that is already waiting (`pool.rs`) reads its
             // arguments from stdin, which then carries the release byte.
-            let mut child = pool::launcher().await?;
+            let net = match terms.network == Network::Deny && !skip_network {
+                true => pool::Net::Filtered,
+                false => pool::Net::Open,
+            };
+            let mut child = pool::launcher(net).await?;
             if let Some(stdin) = child.stdin.as_mut() {
                 // A launcher that refused has exited; its status says why.
                 let _ = stdin.write_all(&sandbox::encode_args(&launcher_args)).await;

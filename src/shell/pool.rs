@@ -8,7 +8,10 @@
 //! as its working directory, no rights beyond the daemon's. What is the
 //! same for every command (`no_new_privs`, the seccomp filter on priority
 //! calls) it applies while it waits; what depends on the grant (roots,
-//! rlimits, Landlock, the network) after its arguments arrive. When the daemon exits, the idle
+//! rlimits, Landlock) after its arguments arrive. The network's seccomp
+//! filter is the one part of a grant's sandbox it may apply ahead: the pool
+//! keeps launchers of each [`Net`] apart, so a command that may use the
+//! network never gets one without it. When the daemon exits, the idle
 //! launchers' stdin closes and they exit without running anything.
 //!
 //! Launchers are started by a thread of their own at the lowest CPU
@@ -38,11 +41,21 @@ use crate::frame::ErrorBody;
 /// at a time, to find one waiting.
 const IDLE: usize = 2;
 
+/// Whether a launcher has applied the network's seccomp filter while it
+/// waited (`--args-on-stdin --deny-network`): only for a grant that denies
+/// the network on a host that has the mechanism.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Net {
+    Open,
+    Filtered,
+}
+
 #[derive(Default)]
 struct Pool {
-    idle: Vec<Child>,
+    /// Indexed by [`Net`]: each kind is topped up once it has been used.
+    idle: [Vec<Child>; 2],
     /// Being started in the background.
-    starting: usize,
+    starting: [usize; 2],
 }
 
 fn with_pool<T>(f: impl FnOnce(&mut Pool) -> T) -> T {
@@ -58,13 +71,13 @@ fn with_pool<T>(f: impl FnOnce(&mut Pool) -> T) -> T {
 /// one, else one started now — on a blocking thread, since a spawn waits
 /// for the child's exec and would stall every session on this runtime
 /// worker meanwhile. Either way the idle ones are topped up.
-pub(super) async fn launcher() -> Result<Child, ErrorBody> {
+pub(super) async fn launcher(net: Net) -> Result<Child, ErrorBody> {
     let idle = with_pool(|pool| {
         // One that exited while idle (killed from outside) is dropped.
-        std::iter::from_fn(|| pool.idle.pop())
+        std::iter::from_fn(|| pool.idle[net as usize].pop())
             .find_map(|mut child| matches!(child.try_wait(), Ok(None)).then_some(child))
     });
-    refill();
+    refill(net);
     match idle {
         Some(child) => {
             let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
@@ -74,15 +87,19 @@ pub(super) async fn launcher() -> Result<Child, ErrorBody> {
             }
             Ok(child)
         }
-        None => tokio::task::spawn_blocking(start)
+        None => tokio::task::spawn_blocking(move || start(net))
             .await
             .unwrap_or_else(|e| Err(provider_error(format!("cannot start the command: {e}")))),
     }
 }
 
-fn start() -> Result<Child, ErrorBody> {
-    Command::new(launcher_path()?)
-        .arg("--args-on-stdin")
+fn start(net: Net) -> Result<Child, ErrorBody> {
+    let mut command = Command::new(launcher_path()?);
+    command.arg("--args-on-stdin");
+    if net == Net::Filtered {
+        command.arg("--deny-network");
+    }
+    command
         .env_clear()
         .current_dir("/")
         .stdin(std::process::Stdio::piped())
@@ -93,18 +110,19 @@ fn start() -> Result<Child, ErrorBody> {
         .map_err(|e| provider_error(format!("cannot start the command: {e}")))
 }
 
-/// Has the starter thread start launchers until `IDLE` are idle or
-/// starting.
-fn refill() {
+/// Has the starter thread start launchers of `net` until `IDLE` are idle
+/// or starting.
+fn refill(net: Net) {
+    let i = net as usize;
     let wanted = with_pool(|pool| {
-        let wanted = IDLE.saturating_sub(pool.idle.len() + pool.starting);
-        pool.starting += wanted;
+        let wanted = IDLE.saturating_sub(pool.idle[i].len() + pool.starting[i]);
+        pool.starting[i] += wanted;
         wanted
     });
     if wanted > 0 {
-        let request = (wanted, Handle::current());
+        let request = (wanted, net, Handle::current());
         if starter().requests.send(request).is_err() {
-            with_pool(|pool| pool.starting -= wanted);
+            with_pool(|pool| pool.starting[i] -= wanted);
         }
     }
 }
@@ -116,8 +134,9 @@ pub(super) fn restored_nice() -> Option<i32> {
 }
 
 struct Starter {
-    /// How many launchers to start, and the runtime their `Child` lives in.
-    requests: mpsc::Sender<(usize, Handle)>,
+    /// How many launchers of which kind to start, and the runtime their
+    /// `Child` lives in.
+    requests: mpsc::Sender<(usize, Net, Handle)>,
     restored_nice: Option<i32>,
 }
 
@@ -139,7 +158,7 @@ fn starter() -> &'static Starter {
                 None
             }
         };
-        let (requests, received) = mpsc::channel::<(usize, Handle)>();
+        let (requests, received) = mpsc::channel::<(usize, Net, Handle)>();
         let lowered = restored_nice.is_some();
         let thread = std::thread::Builder::new()
             .name("launcher-starter".into())
@@ -147,10 +166,10 @@ fn starter() -> &'static Starter {
                 // Linux keeps a nice value per thread: this changes only
                 // this thread, and the launchers it starts.
                 let mut current = daemon_nice;
-                for (wanted, runtime) in received {
-                    let _entered = runtime.enter();
+                for (wanted, net, runtime) in received {
+                    let (_entered, i) = (runtime.enter(), net as usize);
                     for _ in 0..wanted {
-                        let dry = with_pool(|pool| pool.idle.is_empty());
+                        let dry = with_pool(|pool| pool.idle[i].is_empty());
                         let nice = if lowered && !dry {
                             LOWEST_NICE
                         } else {
@@ -161,10 +180,10 @@ fn starter() -> &'static Starter {
                         {
                             current = nice;
                         }
-                        let started = start();
+                        let started = start(net);
                         with_pool(|pool| {
-                            pool.starting -= 1;
-                            pool.idle.extend(started.ok());
+                            pool.starting[i] -= 1;
+                            pool.idle[i].extend(started.ok());
                         });
                     }
                 }

@@ -9,16 +9,18 @@
 //! [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
 //! [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
 //! [--cwd-follow-symlinks]] -- PROGRAM [ARG…]`; or
-//! `portcullis-sandbox --args-on-stdin`, which makes its session and then
-//! reads those arguments from stdin ([`encode_args`]) — how the daemon
-//! starts launchers ahead of need (`pool.rs`); or `portcullis-sandbox
+//! `portcullis-sandbox --args-on-stdin [--deny-network]`, which makes its
+//! session and then reads those arguments from stdin ([`encode_args`]) —
+//! how the daemon starts launchers ahead of need (`pool.rs`); or `portcullis-sandbox
 //! --probe`, which reports which mechanisms this host has (one `NAME=ok`
 //! or `NAME=REASON` line each); the daemon asks once.
 //!
 //! First what is the same for every command ([`Prepared`]; a launcher
 //! started ahead of need does it before its arguments come): `no_new_privs`
 //! (no setuid gains) and a seccomp filter ([`priority_filter`]) that keeps
-//! the program from changing other processes' priority or limits. Then,
+//! the program from changing other processes' priority or limits (and,
+//! for a launcher started with `--deny-network`, the network's filter,
+//! which its arguments must then ask for too). Then,
 //! in order: with `--nice` the daemon's CPU priority back (a launcher
 //! started ahead of need waits at the lowest, see `pool.rs`); a session
 //! and process group of its own (so the daemon can end the whole group),
@@ -189,7 +191,7 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
         }
         Some("--args-on-stdin") => waiting(&args[1..]),
         _ => match SandboxArgs::parse(args.into_iter()) {
-            Ok(args) => match Prepared::new() {
+            Ok(args) => match Prepared::new(false) {
                 Ok(prepared) => run(args, prepared, false),
                 Err(e) => refuse(e),
             },
@@ -198,16 +200,18 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
     }
 }
 
-/// `--args-on-stdin`: the steps that do not depend on the request, then
-/// the arguments from stdin.
+/// `--args-on-stdin [--deny-network]`: the steps that do not depend on the
+/// request, then the arguments from stdin.
 fn waiting(flags: &[OsString]) -> ExitCode {
-    if !flags.is_empty() {
-        return refuse("usage: portcullis-sandbox --args-on-stdin");
-    }
+    let deny_network = match flags {
+        [] => false,
+        [flag] if flag == "--deny-network" => true,
+        _ => return refuse("usage: portcullis-sandbox --args-on-stdin [--deny-network]"),
+    };
     if let Err(e) = rustix::process::setsid() {
         return refuse(format!("setsid: {e}"));
     }
-    let prepared = match Prepared::new() {
+    let prepared = match Prepared::new(deny_network) {
         Ok(prepared) => prepared,
         Err(e) => return refuse(e),
     };
@@ -231,25 +235,34 @@ fn refuse(what: impl std::fmt::Display) -> ExitCode {
 /// same for every command: a launcher started ahead of need (`pool.rs`)
 /// does it while it waits, off the request's path. `no_new_privs` and the
 /// seccomp filter every command gets ([`priority_filter`]) are applied
-/// here; the system paths' Landlock rules are opened, to be added to the
-/// command's ruleset.
+/// here, and with `deny_network` the network's ([`network_filter`]); the
+/// system paths' Landlock rules are opened, to be added to the command's
+/// ruleset.
 struct Prepared {
     system_rules: Vec<PathBeneath<PathFd>>,
     /// For `--stdin-null`.
     null: std::fs::File,
+    network_filtered: bool,
 }
 
 impl Prepared {
-    fn new() -> Result<Self, String> {
+    fn new(deny_network: bool) -> Result<Self, String> {
         rustix::thread::set_no_new_privs(true).map_err(|e| format!("no_new_privs: {e}"))?;
         apply_filter(priority_filter())?;
+        if deny_network {
+            apply_filter(network_filter())?;
+        }
         let (read, all) = (AccessFs::from_read(NEWEST), AccessFs::from_all(NEWEST));
         let system_rules = path_beneath_rules(SYSTEM_READ, read)
             .chain(path_beneath_rules(SYSTEM_WRITE, all))
             .collect::<Result<_, _>>()
             .map_err(|e| format!("Landlock: {e}"))?;
         let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-        Ok(Self { system_rules, null })
+        Ok(Self {
+            system_rules,
+            null,
+            network_filtered: deny_network,
+        })
     }
 }
 
@@ -288,11 +301,19 @@ fn run(args: SandboxArgs, prepared: Prepared, in_own_session: bool) -> ExitCode 
         }
     }
     let deny_network = args.deny_network && applies(Mechanism::Network);
+    if prepared.network_filtered && !deny_network {
+        // The daemon's pool keeps the two kinds apart; never run a command
+        // with less network than its grant gives without saying so.
+        return refuse("a launcher without network was given a command that may use it");
+    }
     let files = applies(Mechanism::Landlock).then_some(prepared.system_rules);
     if let Err(e) = landlock(&args, files, deny_network) {
         return refuse(e);
     }
-    if deny_network && let Err(e) = apply_filter(network_filter()) {
+    if deny_network
+        && !prepared.network_filtered
+        && let Err(e) = apply_filter(network_filter())
+    {
         return refuse(e);
     }
     if args.await_release
@@ -528,8 +549,9 @@ fn priority_filter() -> Result<seccompiler::BpfProgram, seccompiler::BackendErro
 /// [`priority_filter`] for a command whose grant denies the network. Two
 /// filters rather than one, because installing one costs about 1 µs per
 /// instruction (the kernel works out which syscalls it always allows):
-/// the first is installed while the launcher waits, this short one after
-/// the request has arrived.
+/// the first is installed while every launcher waits, this short one too
+/// in a launcher started for such a command, else after the request has
+/// arrived.
 fn network_filter() -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
     let not_unix = vec![arg_is_not(0, libc::AF_UNIX as u64)?];
     refusing(vec![
