@@ -72,6 +72,11 @@ async fn launch(
     terms: &portcullis_policy::ShellTerms,
     start_entry: &mut StartEntry,
 ) -> Result<Arc<Process>, ErrorBody> {
+    if p.pty && p.stdin.is_some() {
+        return Err(invalid(
+            "`stdin` is for a process without a terminal; send a terminal's input with shell.input",
+        ));
+    }
     let size = (
         p.cols.unwrap_or(pty::DEFAULT_SIZE.0).clamp(1, 1000),
         p.rows.unwrap_or(pty::DEFAULT_SIZE.1).clamp(1, 1000),
@@ -83,15 +88,10 @@ async fn launch(
         ),
         false => None,
     };
-    let io = match (&terminal, &p.stdin) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                "`stdin` is for a process without a terminal; send a terminal's input with shell.input",
-            ));
-        }
-        (Some(pty), None) => Io::Terminal(pty),
-        (None, given) => Io::Piped {
-            stdin: given.as_ref().is_none_or(|text| !text.is_empty()),
+    let io = match &terminal {
+        Some(pty) => Io::Terminal(pty),
+        None => Io::Piped {
+            stdin: p.stdin.as_ref().is_none_or(|text| !text.is_empty()),
         },
     };
     let mut running = spawn(&call.principal, terms, &p.command, io, start_entry).await?;
