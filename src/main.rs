@@ -118,7 +118,7 @@ enum Command {
     },
     /// Print a file on a gateway (ROOT:PATH) to stdout.
     Cat(cli::files::Cat),
-    /// Download a file from a gateway; the sha256 is checked.
+    /// Download a file from a gateway (its sha256 is printed).
     Get(cli::files::Get),
     /// Upload a file to a gateway (atomic replace, or --append).
     Put(cli::files::Put),

@@ -134,7 +134,8 @@ fileops = {{ main = "rw" }}
     };
     let ok = |out: &Output| assert!(out.status.success(), "{}", text(&out.stderr));
 
-    // 3 MiB and a bit up and down again, sha256 checked both ways.
+    // 3 MiB and a bit up and down again; with --sha256 the gateway's
+    // digests of both directions are printed and agree.
     let data: Vec<u8> = (0..3 * 1024 * 1024 + 77)
         .map(|i: u32| (i * 7 % 251) as u8)
         .collect();
@@ -166,6 +167,7 @@ fileops = {{ main = "rw" }}
             "main:dir/up.bin",
             "--json",
             "--progress",
+            "--sha256",
         ],
     );
     ok(&put);
@@ -184,12 +186,29 @@ fileops = {{ main = "rw" }}
     let down = home.join("down.bin");
     let get = run(
         "get",
+        &[
+            "main:dir/up.bin",
+            down.to_str().unwrap(),
+            "--json",
+            "--sha256",
+        ],
+    );
+    ok(&get);
+    assert_eq!(std::fs::read(&down).unwrap(), data);
+    let got: serde_json::Value = serde_json::from_slice(&get.stdout).unwrap();
+    assert_eq!(got["sha256"].as_str().map(str::len), Some(64), "{got}");
+    assert_eq!(got["sha256"], result["sha256"]);
+    // Without --sha256: the same file, no digest asked for.
+    std::fs::remove_file(&down).unwrap();
+    let get = run(
+        "get",
         &["main:dir/up.bin", down.to_str().unwrap(), "--json"],
     );
     ok(&get);
     assert_eq!(std::fs::read(&down).unwrap(), data);
     let got: serde_json::Value = serde_json::from_slice(&get.stdout).unwrap();
-    assert_eq!(got["sha256"], result["sha256"]);
+    assert_eq!(got["bytes"], data.len());
+    assert!(got.get("sha256").is_none(), "{got}");
     // A failed download leaves no file behind.
     let missing = run(
         "get",
@@ -277,8 +296,9 @@ fileops = {{ main = "rw" }}
         "{}",
         text(&usage.stderr)
     );
-    // Requests answered: put (refused), mkdir, put, stat+read, stat (get of
-    // the missing file), write, read, list, list, stat, 2 searches, 2 deletes.
-    gw.assert_requests_audited(15);
+    // Requests answered: put (refused), mkdir, put, stat+read twice, stat
+    // (get of the missing file), write, read, list, list, stat, 2 searches,
+    // 2 deletes.
+    gw.assert_requests_audited(17);
     let _ = std::fs::remove_dir_all(home);
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::{Gateway, key_b64};
 use portcullis::client::{Client, ClientError};
+use portcullis::client_files::UploadOptions;
 use portcullis::frame::ErrorCode;
 use portcullis_crypto::StaticKeypair;
 use serde_json::{Value, json};
@@ -605,6 +606,50 @@ impl std::io::Write for HashingSink {
     }
 }
 
+/// `sha256: false` on a streamed write and read: the same bytes, and no
+/// digest in the results; asked for, the digest is the data's.
+#[tokio::test]
+async fn a_stream_without_sha256_moves_the_same_bytes_without_a_digest() {
+    let (gw, client) = setup().await;
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let len = data.len() as u64;
+    let up = client
+        .upload(
+            "main",
+            "plain.bin",
+            &mut data.as_slice(),
+            UploadOptions {
+                size: Some(len),
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .await
+        .unwrap();
+    assert_eq!(up["size"].as_u64(), Some(len), "{up}");
+    assert!(up.get("sha256").is_none(), "{up}");
+    assert_eq!(
+        std::fs::read(gw.dir.join("workspace/plain.bin")).unwrap(),
+        data
+    );
+    let mut down = Vec::new();
+    let got = client
+        .download("main", "plain.bin", &mut down, false, &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(down, data);
+    assert_eq!(got["length"].as_u64(), Some(len), "{got}");
+    assert!(got.get("sha256").is_none(), "{got}");
+    let mut down = Vec::new();
+    let got = client
+        .download("main", "plain.bin", &mut down, true, &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(down, data);
+    assert_eq!(got["sha256"], hex::encode(Sha256::digest(&data)));
+    gw.assert_requests_audited(3);
+}
+
 /// 1 GiB up and down by default (`PORTCULLIS_ROUNDTRIP_MIB` to change).
 #[tokio::test]
 async fn a_large_file_round_trips_with_matching_sha256() {
@@ -625,8 +670,11 @@ async fn a_large_file_round_trips_with_matching_sha256() {
             "main",
             "big.bin",
             &mut source,
-            Some(size),
-            false,
+            UploadOptions {
+                size: Some(size),
+                sha256: true,
+                ..Default::default()
+            },
             &mut |_| {},
         )
         .await
@@ -647,7 +695,7 @@ async fn a_large_file_round_trips_with_matching_sha256() {
     let mut sink = HashingSink(Sha256::new(), 0);
     let started = std::time::Instant::now();
     let down = client
-        .download("main", "big.bin", &mut sink, &mut |_| {})
+        .download("main", "big.bin", &mut sink, true, &mut |_| {})
         .await
         .unwrap();
     let download_time = started.elapsed();
@@ -730,8 +778,10 @@ async fn cancelled_and_failed_uploads_leave_no_file() {
             "main",
             "sized.bin",
             &mut short,
-            Some(2000),
-            false,
+            UploadOptions {
+                size: Some(2000),
+                ..Default::default()
+            },
             &mut |_| {},
         )
         .await;

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use portcullis::client::{Client, StreamItem};
+use portcullis::client_files::UploadOptions;
 use serde_json::{Value, json};
 
 use crate::cli::connect::Target;
@@ -61,16 +62,21 @@ pub struct Get {
     /// The file, as ROOT:PATH.
     remote: Remote,
     /// Where to write it [default: its name, in the current directory].
-    /// Written to a temporary name and renamed once the sha256 matches.
+    /// Written to a temporary name and renamed once all of it arrived.
     local: Option<PathBuf>,
     /// fsync the file before renaming it into place (as rsync --fsync);
     /// off by default, like scp and rsync.
     #[arg(long)]
     fsync: bool,
+    /// Ask the gateway for the SHA-256 of the bytes, and print it. Off by
+    /// default: the channel already authenticates every byte, and hashing
+    /// costs the gateway's host about a core-second per GiB.
+    #[arg(long)]
+    sha256: bool,
     /// Show progress on stderr (the default when stderr is a terminal).
     #[arg(long)]
     progress: bool,
-    /// Print the result (size, sha256, throughput) as JSON.
+    /// Print the result (size, throughput, any sha256) as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -86,10 +92,15 @@ pub struct Put {
     /// Append instead of replacing.
     #[arg(long)]
     append: bool,
+    /// Ask the gateway for the SHA-256 of the bytes, and print it. Off by
+    /// default: the channel already authenticates every byte, and hashing
+    /// costs the gateway's host about a core-second per GiB.
+    #[arg(long)]
+    sha256: bool,
     /// Show progress on stderr (the default when stderr is a terminal).
     #[arg(long)]
     progress: bool,
-    /// Print the result (size, sha256, throughput) as JSON.
+    /// Print the result (size, throughput, any sha256) as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -196,7 +207,7 @@ pub fn cat(args: Cat) -> ExitCode {
         let mut out = std::io::stdout().lock();
         let (root, path) = (&args.remote.root, &args.remote.path);
         client
-            .download(root, path, &mut out, &mut |_| {})
+            .download(root, path, &mut out, false, &mut |_| {})
             .await
             .map_err(request_error)?;
         out.flush().map_err(|e| format!("stdout: {e}"))?;
@@ -226,7 +237,7 @@ pub fn get(args: Get) -> ExitCode {
         let mut meter = Meter::new(show, size);
         let (root, path) = (&args.remote.root, &args.remote.path);
         let result = client
-            .download(root, path, &mut file, &mut |n| meter.update(n))
+            .download(root, path, &mut file, args.sha256, &mut |n| meter.update(n))
             .await;
         let finished = result.map_err(request_error).and_then(|result| {
             if args.fsync {
@@ -264,10 +275,13 @@ pub fn put(args: Put) -> ExitCode {
     with_client(&args.target, async |client| {
         let mut meter = Meter::new(show, size);
         let (root, path) = (&args.remote.root, &args.remote.path);
+        let options = UploadOptions {
+            size,
+            append: args.append,
+            sha256: args.sha256,
+        };
         let result = client
-            .upload(root, path, &mut input, size, args.append, &mut |n| {
-                meter.update(n)
-            })
+            .upload(root, path, &mut input, options, &mut |n| meter.update(n))
             .await
             .map_err(request_error)?;
         meter.done(&result, args.json);
@@ -442,7 +456,7 @@ impl Meter {
         }
     }
 
-    /// The final line (or JSON), with size, sha256 and throughput.
+    /// The final line (or JSON), with size, throughput and any sha256.
     fn done(&self, result: &Value, json: bool) {
         let secs = self.started.elapsed().as_secs_f64();
         if self.show {
@@ -455,12 +469,11 @@ impl Meter {
         if json {
             println!("{summary}");
         } else if self.show {
-            eprintln!(
-                "{}: {} bytes, sha256 {}",
-                result["path"].as_str().unwrap_or(""),
-                self.bytes,
-                result["sha256"].as_str().unwrap_or("")
-            );
+            let path = result["path"].as_str().unwrap_or("");
+            match result["sha256"].as_str() {
+                Some(sha256) => eprintln!("{path}: {} bytes, sha256 {sha256}", self.bytes),
+                None => eprintln!("{path}: {} bytes", self.bytes),
+            }
         }
     }
 }

@@ -397,8 +397,14 @@ pub struct AtomicFile {
 
 impl AtomicFile {
     /// Starts replacing `path`. The final component must not be a symlink
-    /// or a directory; an existing file's permissions are kept.
-    pub fn create(root: &Root, path: &str, create_parents: bool) -> Result<Self, FileError> {
+    /// or a directory; an existing file's permissions are kept. With
+    /// `hash`, the result carries the data's SHA-256.
+    pub fn create(
+        root: &Root,
+        path: &str,
+        create_parents: bool,
+        hash: bool,
+    ) -> Result<Self, FileError> {
         let vpath = root.virtual_path(path);
         if create_parents && let Some((parent, _)) = path.rsplit_once('/') {
             mkdir(root, parent, true)?;
@@ -448,7 +454,7 @@ impl AtomicFile {
             name,
             vpath,
             file: File::from(fd),
-            hash: Some(HashPipe::start()?),
+            hash: hash.then(HashPipe::start).transpose()?,
             writeback: None,
             size: 0,
             committed: false,
@@ -500,8 +506,11 @@ impl AtomicFile {
             .map_err(|e| FileError::from_errno(e, &self.vpath))?;
         self.committed = true;
         let _ = rustix::fs::fsync(&self.dir);
-        let sha256 = self.hash.take().map(HashPipe::finish).transpose()?;
-        Ok(json!({ "path": self.vpath, "size": self.size, "sha256": sha256 }))
+        let mut result = json!({ "path": self.vpath, "size": self.size });
+        if let Some(hash) = self.hash.take() {
+            result["sha256"] = json!(hash.finish()?);
+        }
+        Ok(result)
     }
 }
 
@@ -548,7 +557,7 @@ pub fn copy(
             Err(e) => return Err(FileError::from_errno(e, &to_root.virtual_path(to))),
         }
     }
-    let mut target = AtomicFile::create(to_root, to, false)?;
+    let mut target = AtomicFile::create(to_root, to, false, true)?;
     target.replace = overwrite;
     let mut offset = 0;
     while offset < size {
