@@ -23,11 +23,16 @@ pub const RELAY_PATH: &str = "/api/v1/relay/connect";
 
 /// WebSocket limits for both ends: one Noise message (≤ 65535 bytes) per
 /// WebSocket message, so nothing larger is ever reassembled; a small read
-/// buffer keeps idle sessions cheap.
+/// buffer keeps idle sessions cheap. Small records queued behind each other
+/// are written with one system call: `RecordWriter::send` without `flush`
+/// leaves them in the write buffer (up to 64 KiB; a larger record goes out
+/// at once), and both ends' writer tasks flush whenever their queue is
+/// empty. With 16 requests in flight per session this took the gateway
+/// from 1.00 `sendto` per answer to 0.30–0.59 (bench, 2026-11-23).
 pub fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
         .read_buffer_size(16 * 1024)
-        .write_buffer_size(0)
+        .write_buffer_size(64 * 1024)
         .max_write_buffer_size(4 * 65536)
         .max_message_size(Some(portcullis_crypto::MAX_MESSAGE_LEN))
         .max_frame_size(Some(portcullis_crypto::MAX_MESSAGE_LEN))
