@@ -34,9 +34,11 @@ pub enum StoreError {
     #[error("audit entry {seq} is unreadable: {message}")]
     Corrupt { seq: u64, message: String },
     #[error(
-        "the audit log stopped after a write failure; restart the daemon once the disk is healthy"
+        "the audit log stopped after a write failure ({reason}); restart the daemon once the disk is healthy"
     )]
-    Failed,
+    Failed { reason: String },
+    #[error("the audit writer has stopped (the daemon is shutting down, or the thread ended)")]
+    WriterGone,
 }
 
 /// sled's page cache. Its default (1 GiB) lets a daemon that appends
