@@ -197,7 +197,16 @@ enum Job {
     /// Sign a checkpoint over everything written so far, now.
     Checkpoint(oneshot::Sender<()>),
     /// Remove the oldest entries, as far as the bound says.
-    Prune(Retain, PruneReply),
+    Prune(Cut, PruneReply),
+}
+
+/// What the writer is asked to prune: a [`Retain`] with its time resolved
+/// to a sequence number beforehand (that takes a scan).
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    Newest(u64),
+    /// Everything up to and including this entry.
+    Through(u64),
 }
 
 /// Which of the oldest entries a prune removes.
@@ -458,20 +467,56 @@ impl AuditLog {
 
     /// Removes the oldest entries beyond `bound`; see [`prune`](Self::prune).
     pub async fn prune_to(&self, bound: Retain) -> Result<u64, StoreError> {
+        self.can_prune()?;
+        let cut = match bound {
+            Retain::Newest(keep) => Cut::Newest(keep),
+            Retain::Since(before) => {
+                // A scan of what goes: on a thread of its own, not the
+                // writer's (appends go on) nor the runtime's.
+                let (tree, meta) = (self.tree.clone(), self.meta.clone());
+                let (found, last) = oneshot::channel();
+                std::thread::Builder::new()
+                    .name("audit-prune".into())
+                    .spawn(move || {
+                        let _ = found.send(last_started_before(&tree, &meta, &before));
+                    })
+                    .map_err(|e| StoreError::Io(format!("cannot start a thread to prune: {e}")))?;
+                match last.await.map_err(|_| StoreError::WriterGone)?? {
+                    Some(seq) => Cut::Through(seq),
+                    None => return Ok(0),
+                }
+            }
+        };
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(Job::Prune(bound, reply))
+            .send(Job::Prune(cut, reply))
             .map_err(|_| StoreError::WriterGone)?;
         answer.await.map_err(|_| StoreError::WriterGone)?
     }
 
     /// [`prune_to`](Self::prune_to) outside an async runtime.
     pub fn prune_blocking(&self, bound: Retain) -> Result<u64, StoreError> {
+        self.can_prune()?;
+        let cut = match bound {
+            Retain::Newest(keep) => Cut::Newest(keep),
+            Retain::Since(before) => match last_started_before(&self.tree, &self.meta, &before)? {
+                Some(seq) => Cut::Through(seq),
+                None => return Ok(0),
+            },
+        };
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(Job::Prune(bound, reply))
+            .send(Job::Prune(cut, reply))
             .map_err(|_| StoreError::WriterGone)?;
         answer.blocking_recv().map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Pruning signs a marker: without the key, refused before any work.
+    fn can_prune(&self) -> Result<(), StoreError> {
+        match self.public_key {
+            Some(_) => Ok(()),
+            None => Err(StoreError::Io(NO_PRUNING_KEY.into())),
+        }
     }
 
     fn prune_marker(&self) -> Result<Option<Result<PruneMarker, String>>, StoreError> {
@@ -921,6 +966,42 @@ fn read_prune_marker(meta: &sled::Tree) -> Result<Option<Result<PruneMarker, Str
 
 type PruneReply = oneshot::Sender<Result<u64, StoreError>>;
 
+const NO_PRUNING_KEY: &str = "pruning needs the audit key, to sign where the log now starts";
+
+/// The first entry kept: the first at or after the prune marker (entries
+/// below an earlier marker may still be being removed). None: empty.
+fn first_kept(tree: &sled::Tree, meta: &sled::Tree) -> Result<Option<u64>, StoreError> {
+    let kept_from = read_prune_marker(meta)?
+        .and_then(Result::ok)
+        .map_or(0, |marker| marker.first_seq);
+    let first = tree.range(kept_from.to_be_bytes()..).next().transpose();
+    let first = first.map_err(|e| StoreError::Io(e.to_string()))?;
+    Ok(first.map(|(key, _)| key_seq(&key)))
+}
+
+/// The end of the run, from the log's start, of entries started before
+/// `before`; None when the first entry kept is not. Reads only, so it runs
+/// beside the writer.
+fn last_started_before(
+    tree: &sled::Tree,
+    meta: &sled::Tree,
+    before: &jiff::Timestamp,
+) -> Result<Option<u64>, StoreError> {
+    let Some(first_seq) = first_kept(tree, meta)? else {
+        return Ok(None);
+    };
+    let mut last = None;
+    for item in tree.range(first_seq.to_be_bytes()..) {
+        let (key, value) = item.map_err(|e| StoreError::Io(e.to_string()))?;
+        let entry = decode(&key, &value)?;
+        if at_or_after(&entry.record.started_at, before) {
+            break;
+        }
+        last = Some(entry.seq);
+    }
+    Ok(last)
+}
+
 fn send_once(slot: &Mutex<Option<PruneReply>>, result: Result<u64, StoreError>) {
     let reply = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(reply) = reply {
@@ -1002,8 +1083,8 @@ impl Writer {
                     let _ = done.send(());
                     continue;
                 }
-                Ok(Job::Prune(bound, done)) => {
-                    self.prune(bound, done);
+                Ok(Job::Prune(cut, done)) => {
+                    self.prune(cut, done);
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -1020,7 +1101,7 @@ impl Writer {
                     Job::Append(record, reply) => group.push((*record, reply)),
                     Job::Checkpoint(done) => asked_to_sign.push(done),
                     // Rare; after this group, in order.
-                    Job::Prune(bound, done) => pruning.push((bound, done)),
+                    Job::Prune(cut, done) => pruning.push((cut, done)),
                 }
             }
             let started = std::time::Instant::now();
@@ -1041,8 +1122,8 @@ impl Writer {
                 // sled cannot be written: stop, as after a failed commit.
                 self.failed = Some(format!("flushing sled: {message}"));
             }
-            for (bound, done) in pruning {
-                self.prune(bound, done);
+            for (cut, done) in pruning {
+                self.prune(cut, done);
             }
             if asked_to_sign.is_empty() {
                 self.maybe_checkpoint();
@@ -1066,8 +1147,8 @@ impl Writer {
     /// remove, and the signed marker, durable before anything is removed.
     /// The removal itself (about 20 µs an entry) runs on a thread of its own,
     /// so that appends are not held up for seconds; one removal at a time.
-    fn prune(&mut self, bound: Retain, done: PruneReply) {
-        let (through, count) = match self.mark_pruned(bound) {
+    fn prune(&mut self, cut: Cut, done: PruneReply) {
+        let (through, count) = match self.mark_pruned(cut) {
             Ok(Some(marked)) => marked,
             Ok(None) => {
                 let _ = done.send(Ok(0));
@@ -1109,38 +1190,20 @@ impl Writer {
         }
     }
 
-    /// Writes (durably) the prune marker for `bound`; returns the last
+    /// Writes (durably) the prune marker for `cut`; returns the last
     /// sequence number to remove and how many entries that is, or None when
     /// nothing is to go.
-    fn mark_pruned(&mut self, bound: Retain) -> Result<Option<(u64, u64)>, StoreError> {
+    fn mark_pruned(&mut self, cut: Cut) -> Result<Option<(u64, u64)>, StoreError> {
         let io = |e: sled::Error| StoreError::Io(e.to_string());
         let Some(signer) = &self.signer else {
-            return Err(StoreError::Io(
-                "pruning needs the audit key, to sign where the log now starts".into(),
-            ));
+            return Err(StoreError::Io(NO_PRUNING_KEY.into()));
         };
-        // Entries below an earlier marker may still be being removed.
-        let kept_from = read_prune_marker(&self.meta)?
-            .and_then(Result::ok)
-            .map_or(0, |marker| marker.first_seq);
-        let first = self.tree.range(kept_from.to_be_bytes()..).next();
-        let Some(first_seq) = first.transpose().map_err(io)?.map(|(k, _)| key_seq(&k)) else {
+        let Some(first_seq) = first_kept(&self.tree, &self.meta)? else {
             return Ok(None);
         };
-        let last_removed_seq = match bound {
-            Retain::Newest(keep) => self.seq.saturating_sub(keep),
-            Retain::Since(before) => {
-                let mut last = 0;
-                for item in self.tree.range(first_seq.to_be_bytes()..) {
-                    let (key, value) = item.map_err(io)?;
-                    let entry = decode(&key, &value)?;
-                    if at_or_after(&entry.record.started_at, &before) {
-                        break;
-                    }
-                    last = entry.seq;
-                }
-                last
-            }
+        let last_removed_seq = match cut {
+            Cut::Newest(keep) => self.seq.saturating_sub(keep),
+            Cut::Through(seq) => seq,
         };
         if last_removed_seq < first_seq {
             return Ok(None);
@@ -2007,6 +2070,8 @@ mod tests {
     fn pruning_without_the_key_is_refused() {
         let (_store, log, dir) = log_with("prune-unsigned", 3);
         assert!(log.prune_blocking(Retain::Newest(1)).is_err());
+        let nothing_older = Retain::Since(jiff::Timestamp::UNIX_EPOCH);
+        assert!(log.prune_blocking(nothing_older).is_err(), "refused, not 0");
         assert_eq!(log.verify(None).unwrap().entries, 3);
         let _ = std::fs::remove_dir_all(dir);
     }
