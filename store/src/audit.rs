@@ -1142,11 +1142,11 @@ impl Writer {
         }
     }
 
-    /// Prunes as far as `bound` says and answers `done` with how many
-    /// entries went. Here, on the writer thread: finding the last entry to
-    /// remove, and the signed marker, durable before anything is removed.
-    /// The removal itself (about 20 µs an entry) runs on a thread of its own,
-    /// so that appends are not held up for seconds; one removal at a time.
+    /// Prunes as far as `cut` says and answers `done` with how many
+    /// entries went. Here, on the writer thread, only the signed marker,
+    /// durable before anything is removed. The removal itself (about 20 µs
+    /// an entry) runs on a thread of its own, so that appends are not held
+    /// up for seconds; one removal at a time.
     fn prune(&mut self, cut: Cut, done: PruneReply) {
         let (through, count) = match self.mark_pruned(cut) {
             Ok(Some(marked)) => marked,
