@@ -467,48 +467,52 @@ impl AuditLog {
 
     /// Removes the oldest entries beyond `bound`; see [`prune`](Self::prune).
     pub async fn prune_to(&self, bound: Retain) -> Result<u64, StoreError> {
-        self.can_prune()?;
-        let cut = match bound {
-            Retain::Newest(keep) => Cut::Newest(keep),
-            Retain::Since(before) => {
-                // A scan of what goes: on a thread of its own, not the
-                // writer's (appends go on) nor the runtime's.
-                let (tree, meta) = (self.tree.clone(), self.meta.clone());
-                let (found, last) = oneshot::channel();
-                std::thread::Builder::new()
-                    .name("audit-prune".into())
-                    .spawn(move || {
-                        let _ = found.send(last_started_before(&tree, &meta, &before));
-                    })
-                    .map_err(|e| StoreError::Io(format!("cannot start a thread to prune: {e}")))?;
-                match last.await.map_err(|_| StoreError::WriterGone)?? {
-                    Some(seq) => Cut::Through(seq),
-                    None => return Ok(0),
-                }
-            }
+        // Resolving an age takes a scan: on a thread of its own, not the
+        // writer's (appends go on) nor the runtime's.
+        let (log, (found, cut)) = (self.clone(), oneshot::channel());
+        std::thread::Builder::new()
+            .name("audit-prune".into())
+            .spawn(move || {
+                let _ = found.send(log.cut(bound));
+            })
+            .map_err(|e| StoreError::Io(format!("cannot start a thread to prune: {e}")))?;
+        let Some(cut) = cut.await.map_err(|_| StoreError::WriterGone)?? else {
+            return Ok(0);
         };
-        let (reply, answer) = oneshot::channel();
-        self.jobs
-            .send(Job::Prune(cut, reply))
-            .map_err(|_| StoreError::WriterGone)?;
+        let answer = self.send_prune(cut)?;
         answer.await.map_err(|_| StoreError::WriterGone)?
     }
 
     /// [`prune_to`](Self::prune_to) outside an async runtime.
     pub fn prune_blocking(&self, bound: Retain) -> Result<u64, StoreError> {
-        self.can_prune()?;
-        let cut = match bound {
-            Retain::Newest(keep) => Cut::Newest(keep),
-            Retain::Since(before) => match last_started_before(&self.tree, &self.meta, &before)? {
-                Some(seq) => Cut::Through(seq),
-                None => return Ok(0),
-            },
+        let Some(cut) = self.cut(bound)? else {
+            return Ok(0);
         };
+        let answer = self.send_prune(cut)?;
+        answer.blocking_recv().map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// What the writer is to prune for `bound`; None when nothing goes.
+    /// Refused without the key, before any work.
+    fn cut(&self, bound: Retain) -> Result<Option<Cut>, StoreError> {
+        self.can_prune()?;
+        Ok(match bound {
+            Retain::Newest(keep) => Some(Cut::Newest(keep)),
+            Retain::Since(before) => {
+                last_started_before(&self.tree, &self.meta, &before)?.map(Cut::Through)
+            }
+        })
+    }
+
+    fn send_prune(
+        &self,
+        cut: Cut,
+    ) -> Result<oneshot::Receiver<Result<u64, StoreError>>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
             .send(Job::Prune(cut, reply))
             .map_err(|_| StoreError::WriterGone)?;
-        answer.blocking_recv().map_err(|_| StoreError::WriterGone)?
+        Ok(answer)
     }
 
     /// Pruning signs a marker: without the key, refused before any work.
