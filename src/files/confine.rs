@@ -96,16 +96,37 @@ impl Root {
                 e.kind()
             ))
         })?;
+        Ok(Self::with_dir(terms, dir))
+    }
+
+    /// Opens the root's directory only if the kernel can find it in its
+    /// lookup cache alone (`RESOLVE_CACHED`: a path walk that fails rather
+    /// than read a directory or ask a file server); `None` otherwise, or
+    /// on any error (then [`Self::open`] says what went wrong).
+    pub fn open_cached(terms: &FileTerms) -> Option<Self> {
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let dir = rustix::fs::openat2(
+            rustix::fs::CWD,
+            &terms.host_root,
+            flags,
+            Mode::empty(),
+            ResolveFlags::CACHED,
+        )
+        .ok()?;
+        Some(Self::with_dir(terms, dir))
+    }
+
+    fn with_dir(terms: &FileTerms, dir: OwnedFd) -> Self {
         let mut resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
         if !terms.follow_symlinks {
             resolve |= ResolveFlags::NO_SYMLINKS;
         }
-        Ok(Self {
+        Self {
             dir,
             resolve,
             virtual_root: terms.virtual_root.clone(),
             id: terms.root.clone(),
-        })
+        }
     }
 
     /// The directory `terms.path` beneath the root, opened `O_PATH`: a
@@ -131,6 +152,22 @@ impl Root {
     pub fn open_at(&self, path: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd, FileError> {
         self.open_beneath(&self.dir, path, flags, mode)
             .map_err(|e| FileError::from_errno(e, &self.virtual_path(path)))
+    }
+
+    /// Opens `path` beneath the root as [`Self::open_at`] does, and only
+    /// from the lookup cache (see [`Self::open_cached`]); `None` on any
+    /// error.
+    pub fn open_cached_at(&self, path: &str, flags: OFlags) -> Option<OwnedFd> {
+        let path = if path.is_empty() { "." } else { path };
+        let resolve = self.resolve | ResolveFlags::CACHED;
+        rustix::fs::openat2(
+            &self.dir,
+            path,
+            flags | OFlags::CLOEXEC,
+            Mode::empty(),
+            resolve,
+        )
+        .ok()
     }
 
     /// Opens `path` beneath `dir`, a directory already inside this root.
@@ -170,11 +207,11 @@ impl Root {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
-    fn terms(dir: &std::path::Path, follow: bool) -> FileTerms {
+    pub(in crate::files) fn terms(dir: &std::path::Path, follow: bool) -> FileTerms {
         FileTerms {
             root: "main".into(),
             path: String::new(),

@@ -3,7 +3,8 @@
 //! Policy has decided and normalised the path ([`FileTerms`]); this module
 //! parses the method's other params, runs the operation from `ops.rs` on
 //! the blocking pool (or, for a few system calls' work, on `quick.rs`'s
-//! threads), confined by `confine.rs`, and moves data: small
+//! threads; a stat the kernel answers from memory, on the runtime worker:
+//! `ops::stat_cached`), confined by `confine.rs`, and moves data: small
 //! contents inline in JSON, large ones as chunks on channel 4 (file data).
 //! docs/PROTOCOL.md §7 is the reference for params and results.
 
@@ -193,7 +194,10 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
         (method, Terms::File(file)) => {
             let path = file.path.clone();
             match method {
-                "file.stat" => quick(move || ops::stat(&Root::open(&file)?, &path)).await,
+                "file.stat" => match ops::stat_cached(&file, &path) {
+                    Some(answer) => Ok(answer),
+                    None => quick(move || ops::stat(&Root::open(&file)?, &path)).await,
+                },
                 "file.list" => {
                     let p: ListParams = params(&request)?;
                     let how = ops::Listing {

@@ -7,7 +7,8 @@ use std::io::Write as _;
 use std::os::fd::OwnedFd;
 
 use bytes::Bytes;
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat};
+use portcullis_policy::FileTerms;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat, Statx, StatxFlags};
 use rustix::io::Errno;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
@@ -18,8 +19,36 @@ use super::confine::{FileError, Root};
 /// Deepest directory nesting `list` and recursive `delete` walk into.
 pub const MAX_DEPTH: usize = 64;
 
-pub fn kind_name(stat: &Stat) -> &'static str {
-    match FileType::from_raw_mode(stat.st_mode) {
+/// What `file.stat` and `file.list` tell of an entry, from `fstat` or
+/// `statx`.
+struct Attributes {
+    mode: u32,
+    size: i64,
+    mtime: (i64, u32),
+}
+
+impl From<&Stat> for Attributes {
+    fn from(stat: &Stat) -> Self {
+        Self {
+            mode: stat.st_mode,
+            size: stat.st_size,
+            mtime: (stat.st_mtime, stat.st_mtime_nsec as u32),
+        }
+    }
+}
+
+impl From<&Statx> for Attributes {
+    fn from(statx: &Statx) -> Self {
+        Self {
+            mode: u32::from(statx.stx_mode),
+            size: i64::try_from(statx.stx_size).unwrap_or(i64::MAX),
+            mtime: (statx.stx_mtime.tv_sec, statx.stx_mtime.tv_nsec),
+        }
+    }
+}
+
+fn kind_name(mode: u32) -> &'static str {
+    match FileType::from_raw_mode(mode) {
         FileType::RegularFile => "file",
         FileType::Directory => "dir",
         FileType::Symlink => "symlink",
@@ -27,19 +56,17 @@ pub fn kind_name(stat: &Stat) -> &'static str {
     }
 }
 
-fn mtime(stat: &Stat) -> String {
-    jiff::Timestamp::new(stat.st_mtime, stat.st_mtime_nsec as i32)
+fn describe(root: &Root, path: &str, attributes: &Attributes) -> Value {
+    let (seconds, nanoseconds) = attributes.mtime;
+    let mtime = jiff::Timestamp::new(seconds, nanoseconds as i32)
         .map(|t| t.to_string())
-        .unwrap_or_default()
-}
-
-fn describe(root: &Root, path: &str, stat: &Stat) -> Value {
+        .unwrap_or_default();
     json!({
         "path": root.virtual_path(path),
-        "kind": kind_name(stat),
-        "size": stat.st_size,
-        "mode": format!("{:04o}", stat.st_mode & 0o7777),
-        "mtime": mtime(stat),
+        "kind": kind_name(attributes.mode),
+        "size": attributes.size,
+        "mode": format!("{:04o}", attributes.mode & 0o7777),
+        "mtime": mtime,
     })
 }
 
@@ -48,7 +75,33 @@ pub fn stat(root: &Root, path: &str) -> Result<Value, FileError> {
     let fd = root.open_at(path, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())?;
     let stat =
         rustix::fs::fstat(&fd).map_err(|e| FileError::from_errno(e, &root.virtual_path(path)))?;
-    Ok(describe(root, path, &stat))
+    Ok(describe(root, path, &Attributes::from(&stat)))
+}
+
+/// `file.stat` answered on the calling thread (a runtime worker) from what
+/// the kernel holds in memory, or `None` when that could wait on a disk or
+/// a file server: then [`stat`] runs on a quick thread. Handing a stat to
+/// a thread and back costs more than the stat (bench/README.md), and a
+/// runtime worker must never block, or every session on it stalls:
+/// - both lookups use `RESOLVE_CACHED`, a path walk that fails (EAGAIN)
+///   rather than read a directory or revalidate an entry; network and
+///   cluster file systems revalidate, so most of their lookups fall through;
+/// - `AT_STATX_DONT_SYNC` keeps `statx` from asking a file server (NFS,
+///   FUSE, CIFS and Ceph honour it);
+/// - the answer is used only from a file system on a block device
+///   (`stx_dev_major` not 0), whose attributes live in memory, so nothing
+///   was skipped; tmpfs, btrfs, overlayfs and network file systems have
+///   anonymous device numbers and go to the quick thread.
+///
+/// Any error falls through as well, so [`stat`] words every error.
+pub fn stat_cached(terms: &FileTerms, path: &str) -> Option<Value> {
+    let root = Root::open_cached(terms)?;
+    let fd = root.open_cached_at(path, OFlags::PATH | OFlags::NOFOLLOW)?;
+    let flags = AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC;
+    let needed = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::SIZE | StatxFlags::MTIME;
+    let statx = rustix::fs::statx(&fd, "", flags, needed).ok()?;
+    let complete = StatxFlags::from_bits_retain(statx.stx_mask).contains(needed);
+    (complete && statx.stx_dev_major != 0).then(|| describe(&root, path, &Attributes::from(&statx)))
 }
 
 /// Opens a regular file for reading. A file with more than one hard link
@@ -119,7 +172,7 @@ pub fn list(
     };
     tree.walk(root, &dir, path, cancel, &mut |entry| {
         if index >= how.offset {
-            let mut value = describe(root, entry.path, entry.stat);
+            let mut value = describe(root, entry.path, &Attributes::from(entry.stat));
             value["name"] = Value::String(entry.name.to_string());
             let size = value.to_string().len() + 1;
             if entries.len() >= how.limit || used + size > how.budget {
@@ -674,5 +727,61 @@ impl HashPipe {
         thread
             .and_then(|thread| thread.join().ok())
             .ok_or_else(|| FileError::Io("hashing the data failed".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::confine::tests::terms;
+    use std::os::unix::fs::symlink;
+    use std::path::Path;
+
+    fn on_a_block_device(path: &Path) -> bool {
+        let statx = rustix::fs::statx(rustix::fs::CWD, path, AtFlags::empty(), StatxFlags::TYPE);
+        statx.unwrap().stx_dev_major != 0
+    }
+
+    /// The cached stat answers only when the file system is on a block
+    /// device, and then as `stat` does; errors are left to `stat`.
+    #[test]
+    fn a_cached_stat_answers_as_stat_does_or_leaves_it_to_stat() {
+        let base = std::env::temp_dir().join(format!("portcullis-stat-{}", std::process::id()));
+        let dir = base.join("root");
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("file"), "twelve bytes").unwrap();
+        symlink("file", dir.join("link")).unwrap();
+        symlink("../outside", dir.join("up")).unwrap();
+        let granted = terms(&dir, false);
+        let root = Root::open(&granted).unwrap();
+        let block_device = on_a_block_device(&dir);
+        for path in ["", "sub", "file", "link", "up"] {
+            let slow = stat(&root, path).unwrap();
+            // A path walk from the cache gives up when a mount or rename
+            // elsewhere raced it, so a miss is allowed now and then.
+            let fast = (0..100).find_map(|_| stat_cached(&granted, path));
+            match fast {
+                Some(fast) => assert_eq!(fast, slow, "{path}"),
+                None => assert!(!block_device, "{path}: never answered from the cache"),
+            }
+        }
+        assert_eq!(block_device, stat_cached(&granted, "file").is_some());
+        for path in ["missing", "up/x", "link/x"] {
+            assert!(stat(&root, path).is_err(), "{path}");
+            assert_eq!(stat_cached(&granted, path), None, "{path}");
+        }
+        let _ = std::fs::remove_dir_all(base);
+
+        // tmpfs has an anonymous device number: the quick thread answers.
+        let shm = Path::new("/dev/shm");
+        if shm.is_dir() && !on_a_block_device(shm) {
+            let dir = shm.join(format!("portcullis-stat-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("file"), "x").unwrap();
+            let granted = terms(&dir, false);
+            assert!(stat(&Root::open(&granted).unwrap(), "file").is_ok());
+            assert_eq!(stat_cached(&granted, "file"), None);
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! A few threads of their own for file operations that take a few system
-//! calls: `file.stat`, `file.mkdir` and inline `file.read`.
+//! calls: `file.stat` (unless `ops::stat_cached` answered it on the
+//! runtime worker), `file.mkdir` and inline `file.read`.
 //!
 //! The main runtime's blocking pool starts a thread whenever none is idle,
 //! so under load it holds one per operation in flight (~170 at 256 stats
