@@ -91,7 +91,10 @@ pub fn stat(root: &Root, path: &str) -> Result<Value, FileError> {
 /// - the answer is used only from a file system on a block device
 ///   (`stx_dev_major` not 0), whose attributes live in memory, so nothing
 ///   was skipped; tmpfs, btrfs, overlayfs and network file systems have
-///   anonymous device numbers and go to the quick thread.
+///   anonymous device numbers and go to the quick thread. The exception is
+///   FUSE on a block device (`fuseblk`, e.g. ntfs-3g): it can answer from
+///   attributes past their timeout while the name's entry is still valid
+///   (both are usually 1 s), where `stat` would have asked its daemon.
 ///
 /// Any error falls through as well, so [`stat`] words every error.
 pub fn stat_cached(terms: &FileTerms, path: &str) -> Option<Value> {
