@@ -760,7 +760,12 @@ impl Session {
             done.clone(),
             self.end_reason.clone(),
         );
-        tokio::spawn(async move {
+        // Boxed: this future is 4.8 KiB (the call, its audit record, the
+        // dispatcher's future), and tokio moves a task's future by value,
+        // into its cell and again at each change of stage. Those copies
+        // were about 5 % of the gateway's CPU at 256 requests in flight; a
+        // box moves as a pointer.
+        tokio::spawn(Box::pin(async move {
             let approved = match approval {
                 None => Ok(()),
                 Some(policy) => approve(&gateway, &call, policy, &mut record).await,
@@ -796,7 +801,7 @@ impl Session {
                 .send(Outbound::Frame(Frame::Response(response)))
                 .await;
             let _ = done.send(id);
-        });
+        }));
     }
 
     /// After a policy change or an expiry: close if the principal may no
