@@ -519,3 +519,99 @@ async fn sessions_per_principal_and_connections_are_capped() {
     assert!(served, "permits were not released");
     gw.assert_requests_audited(0);
 }
+
+/// What a raw connection receives until the gateway closes it (within
+/// `within`): the records' plaintexts, and the close frame's reason.
+async fn until_closed(
+    ws: &mut tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+    transport: &mut portcullis_crypto::Transport,
+    within: Duration,
+) -> (Vec<String>, Option<String>) {
+    use futures_util::StreamExt;
+    let mut records = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Binary(sealed))) => {
+                    let plain = transport.open(&sealed).unwrap();
+                    records.push(String::from_utf8_lossy(&plain).into_owned());
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    return frame.map(|f| f.reason.to_string());
+                }
+                None | Some(Err(_)) => return None,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    (
+        records,
+        closed.expect("the gateway did not close the connection"),
+    )
+}
+
+#[tokio::test]
+async fn a_session_that_never_accepts_is_closed_at_the_handshake_timeout() {
+    let k = keys();
+    let gw = Gateway::start(
+        &policy(&k, true),
+        "[limits]\nhandshake_timeout = \"1s\"\nidle_timeout = \"60s\"",
+    );
+    let (mut ws, mut transport) = gw.raw(&k.alice).await;
+    let (_, reason) = until_closed(&mut ws, &mut transport, 10 * SECOND).await;
+    assert_eq!(reason.as_deref(), Some("no relay.accepted in time"));
+    still_serves(&gw, &k).await;
+}
+
+#[tokio::test]
+async fn a_silent_session_is_pinged_and_then_closed_as_idle() {
+    let k = keys();
+    let gw = Gateway::start(
+        &policy(&k, true),
+        "[limits]\nhandshake_timeout = \"60s\"\nidle_timeout = \"1s\"",
+    );
+    let (mut ws, mut transport) = gw.raw(&k.alice).await;
+    let (records, reason) = until_closed(&mut ws, &mut transport, 10 * SECOND).await;
+    assert_eq!(reason.as_deref(), Some("idle"));
+    let pings: Vec<_> = records
+        .iter()
+        .filter(|r| r.contains("\"ping\"") && r.contains("idle-"))
+        .collect();
+    assert_eq!(pings.len(), 1, "{records:?}");
+
+    // A peer that answers the ping stays connected (the client library
+    // answers pings itself): still open well after three idle periods.
+    let client = gw.connect(&k.alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    tokio::time::sleep(4 * SECOND).await;
+    client
+        .request("file.stat", json!({"root_id": "main", "path": "."}))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_grant_that_expires_mid_session_ends_it() {
+    let k = keys();
+    let expires = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(4);
+    let policy = policy(&k, false).replace(
+        "[[grant]]\nid = \"bob-shell\"",
+        &format!(
+            "[[grant]]\nid = \"alice-files\"\nprincipals = [\"alice\"]\nfileops = {{ main = \"rw\" }}\n\
+             expires_at = \"{expires}\"\n\n[[grant]]\nid = \"bob-shell\""
+        ),
+    );
+    let gw = Gateway::start(&policy, "");
+    let client = gw.connect(&k.alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    client
+        .request("file.stat", json!({"root_id": "main", "path": "."}))
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(20 * SECOND, client.closed())
+        .await
+        .expect("the session outlived its only grant");
+    assert!(reason.contains("revoked"), "{reason}");
+    assert!(jiff::Timestamp::now() >= expires);
+}

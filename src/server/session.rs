@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -294,58 +295,74 @@ impl Session {
         let mut policy_rx = gateway.policy.subscribe();
         let mut paused_rx = gateway.paused.subscribe();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<RequestId>();
-        let accept_deadline = started + limits.handshake_timeout;
         let mut expiry = self.next_expiry();
         let mut pinged = false;
-        let mut draining: Option<Instant> = None;
+        let mut draining = false;
+        // The waits that outlive one turn of the loop are made once and
+        // reset, not made anew each turn: each made anew registered a timer
+        // or a waiter, and this loop turns once or twice per request.
+        let never = || Instant::now() + Duration::from_secs(86_400 * 365);
+        let mut killed = pin!(self.info.kill.clone().cancelled_owned());
+        let mut shutdown = pin!(gateway.shutdown.clone().cancelled_owned());
+        let mut accept_deadline = pin!(sleep_until(started + limits.handshake_timeout));
+        let mut drain_deadline = pin!(sleep_until(never()));
+        let mut expiry_timer = pin!(sleep_until(expiry.unwrap_or_else(never)));
+        // Idle: no record from the peer while the loop waits; restarted on
+        // every turn, which (extending a registered timer) takes no lock.
+        let mut idle = pin!(sleep_until(Instant::now() + limits.idle_timeout));
 
         let ending = loop {
-            if draining.is_some() && self.in_flight.is_empty() {
+            if draining && self.in_flight.is_empty() {
                 break Ending::Close {
                     policy: false,
                     reason: "the gateway is shutting down".into(),
                 };
             }
+            idle.as_mut().reset(Instant::now() + limits.idle_timeout);
             tokio::select! {
-                () = self.info.kill.cancelled() => {
+                () = &mut killed => {
                     let detail = format!("session {}", self.info.id);
                     gateway.security_event("session_killed", Some(&self.principal), detail);
                     break self.end(ErrorCode::RelayDisconnected, "the operator closed this session", true);
                 }
-                () = gateway.shutdown.cancelled(), if draining.is_none() => {
-                    draining = Some(Instant::now() + limits.shutdown_grace);
+                () = &mut shutdown, if !draining => {
+                    draining = true;
+                    drain_deadline.as_mut().reset(Instant::now() + limits.shutdown_grace);
                 }
-                () = sleep_until(draining.unwrap_or_else(Instant::now)), if draining.is_some() => {
+                () = &mut drain_deadline, if draining => {
                     break self.end(ErrorCode::RelayDisconnected, "the gateway is shutting down", false);
                 }
-                () = sleep_until(accept_deadline), if self.accepted.is_none() => {
+                () = &mut accept_deadline, if self.accepted.is_none() => {
                     break Ending::Close { policy: true, reason: "no relay.accepted in time".into() };
                 }
                 Ok(()) = policy_rx.changed() => {
                     if let Some(ending) = self.reevaluate().await { break ending; }
                     expiry = self.next_expiry();
+                    expiry_timer.as_mut().reset(expiry.unwrap_or_else(never));
                 }
-                () = sleep_until(expiry.unwrap_or_else(Instant::now)), if expiry.is_some() => {
+                () = &mut expiry_timer, if expiry.is_some() => {
                     if let Some(ending) = self.reevaluate().await { break ending; }
                     expiry = self.next_expiry();
+                    expiry_timer.as_mut().reset(expiry.unwrap_or_else(never));
                 }
                 Ok(()) = paused_rx.changed() => {
                     let event = if *paused_rx.borrow_and_update() { "provider.paused" } else { "provider.resumed" };
                     self.event(event, json!({})).await;
                 }
                 Some(id) = done_rx.recv() => {
-                    self.in_flight.remove(&id);
-                    self.inputs.remove(&id);
-                    self.info.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    self.finished(&id);
+                    self.finish_done(&mut done_rx);
                 }
-                received = timeout(limits.idle_timeout, reader.recv()) => match received {
-                    Err(_) if pinged => break Ending::Close { policy: false, reason: "idle".into() },
-                    Err(_) => {
-                        pinged = true;
-                        let ping = Heartbeat { id: Some(format!("idle-{}", jiff::Timestamp::now().as_second())), ts: None };
-                        self.send(Frame::Ping(ping)).await;
+                () = &mut idle => {
+                    if pinged {
+                        break Ending::Close { policy: false, reason: "idle".into() };
                     }
-                    Ok(Err(e)) => {
+                    pinged = true;
+                    let ping = Heartbeat { id: Some(format!("idle-{}", jiff::Timestamp::now().as_second())), ts: None };
+                    self.send(Frame::Ping(ping)).await;
+                }
+                received = reader.recv() => match received {
+                    Err(e) => {
                         debug!(session = self.info.id, "connection ended: {e}");
                         if let ChannelError::Noise(noise) = &e {
                             let detail = format!("session {}: {noise}", self.info.id);
@@ -357,9 +374,12 @@ impl Session {
                             other => Ending::Close { policy: true, reason: other.to_string() },
                         };
                     }
-                    Ok(Ok(plaintext)) => {
+                    Ok(plaintext) => {
                         pinged = false;
-                        self.handle_record(plaintext, &done_tx, draining.is_some()).await;
+                        self.handle_record(plaintext, &done_tx, draining).await;
+                        // Answers sent meanwhile free their ids here, not
+                        // in a turn of their own.
+                        self.finish_done(&mut done_rx);
                     }
                 },
             }
@@ -373,10 +393,7 @@ impl Session {
             )
             .await
             {
-                Ok(Some(id)) => {
-                    self.in_flight.remove(&id);
-                    self.info.in_flight.fetch_sub(1, Ordering::Relaxed);
-                }
+                Ok(Some(id)) => self.finished(&id),
                 _ => break,
             }
         }
@@ -387,6 +404,20 @@ impl Session {
                 self.outbox.send(Outbound::Close { policy, reason }),
             )
             .await;
+        }
+    }
+
+    /// Forgets a request that has answered: its id is free again.
+    fn finished(&mut self, id: &RequestId) {
+        self.in_flight.remove(id);
+        self.inputs.remove(id);
+        self.info.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// [`finished`](Self::finished) for every answer already announced.
+    fn finish_done(&mut self, done: &mut mpsc::UnboundedReceiver<RequestId>) {
+        while let Ok(id) = done.try_recv() {
+            self.finished(&id);
         }
     }
 
