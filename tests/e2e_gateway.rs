@@ -615,3 +615,17 @@ async fn a_grant_that_expires_mid_session_ends_it() {
     assert!(reason.contains("revoked"), "{reason}");
     assert!(jiff::Timestamp::now() >= expires);
 }
+
+#[tokio::test]
+async fn limits_too_long_for_the_clock_serve_as_very_long() {
+    let k = keys();
+    let huge = "\"200000000000000d\"";
+    let gw = Gateway::start(
+        &policy(&k, true),
+        &format!(
+            "[limits]\nhandshake_timeout = {huge}\nidle_timeout = {huge}\nshutdown_grace = {huge}"
+        ),
+    );
+    still_serves(&gw, &k).await;
+    still_serves(&gw, &k).await;
+}

@@ -301,15 +301,15 @@ impl Session {
         // The waits that outlive one turn of the loop are made once and
         // reset, not made anew each turn: each made anew registered a timer
         // or a waiter, and this loop turns once or twice per request.
-        let never = || Instant::now() + Duration::from_secs(86_400 * 365);
+        let never = || later(Instant::now(), Duration::MAX);
         let mut killed = pin!(self.info.kill.clone().cancelled_owned());
         let mut shutdown = pin!(gateway.shutdown.clone().cancelled_owned());
-        let mut accept_deadline = pin!(sleep_until(started + limits.handshake_timeout));
+        let mut accept_deadline = pin!(sleep_until(later(started, limits.handshake_timeout)));
         let mut drain_deadline = pin!(sleep_until(never()));
         let mut expiry_timer = pin!(sleep_until(expiry.unwrap_or_else(never)));
         // Idle: no record from the peer while the loop waits; restarted on
         // every turn, which (extending a registered timer) takes no lock.
-        let mut idle = pin!(sleep_until(Instant::now() + limits.idle_timeout));
+        let mut idle = pin!(sleep_until(later(Instant::now(), limits.idle_timeout)));
 
         let ending = loop {
             if draining && self.in_flight.is_empty() {
@@ -318,7 +318,8 @@ impl Session {
                     reason: "the gateway is shutting down".into(),
                 };
             }
-            idle.as_mut().reset(Instant::now() + limits.idle_timeout);
+            idle.as_mut()
+                .reset(later(Instant::now(), limits.idle_timeout));
             tokio::select! {
                 () = &mut killed => {
                     let detail = format!("session {}", self.info.id);
@@ -327,7 +328,7 @@ impl Session {
                 }
                 () = &mut shutdown, if !draining => {
                     draining = true;
-                    drain_deadline.as_mut().reset(Instant::now() + limits.shutdown_grace);
+                    drain_deadline.as_mut().reset(later(Instant::now(), limits.shutdown_grace));
                 }
                 () = &mut drain_deadline, if draining => {
                     break self.end(ErrorCode::RelayDisconnected, "the gateway is shutting down", false);
@@ -939,7 +940,7 @@ impl Session {
             .filter(|t| *t > now)
             .min()?;
         let wait = Duration::try_from(soonest.duration_since(now)).ok()?;
-        Some(Instant::now() + wait)
+        Some(later(Instant::now(), wait))
     }
 }
 
@@ -964,6 +965,15 @@ fn granted_names(granted: &Summary) -> BTreeSet<String> {
 struct Refusal {
     code: ErrorCode,
     message: String,
+}
+
+/// `start + wait`, or about thirty years on when that would overflow (a
+/// limit in the config may be written as `"1000000000d"`).
+fn later(start: Instant, wait: Duration) -> Instant {
+    start
+        .checked_add(wait)
+        .or_else(|| start.checked_add(Duration::from_secs(30 * 365 * 86_400)))
+        .unwrap_or(start)
 }
 
 /// Drains the outbox into the socket. Consecutive records are written
@@ -1053,4 +1063,24 @@ async fn approve(
             "the audit log is unavailable, so nothing was run",
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_past_the_clock_s_range_is_decades_away_not_a_panic() {
+        let now = Instant::now();
+        assert_eq!(
+            later(now, Duration::from_secs(5)),
+            now + Duration::from_secs(5)
+        );
+        let far = later(now, Duration::MAX);
+        assert!(far >= now + Duration::from_secs(29 * 365 * 86_400));
+        // A limit the config accepts, past what the clock can add.
+        let limit = portcullis_policy::units::parse_duration("200000000000000d").unwrap();
+        assert!(now.checked_add(limit).is_none());
+        assert!(later(now, limit) > now);
+    }
 }
