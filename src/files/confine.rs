@@ -84,12 +84,7 @@ impl Root {
     /// Opens the root's directory. The host path is the operator's, so it
     /// is opened as written; everything below it is confined.
     pub fn open(terms: &FileTerms) -> Result<Self, FileError> {
-        let dir = rustix::fs::open(
-            &terms.host_root,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| {
+        let dir = open_root_dir(terms, ResolveFlags::empty()).map_err(|e| {
             FileError::Io(format!(
                 "root `{}` is not available on this host ({})",
                 terms.root,
@@ -104,15 +99,7 @@ impl Root {
     /// than read a directory or ask a file server); `None` otherwise, or
     /// on any error (then [`Self::open`] says what went wrong).
     pub fn open_cached(terms: &FileTerms) -> Option<Self> {
-        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let dir = rustix::fs::openat2(
-            rustix::fs::CWD,
-            &terms.host_root,
-            flags,
-            Mode::empty(),
-            ResolveFlags::CACHED,
-        )
-        .ok()?;
+        let dir = open_root_dir(terms, ResolveFlags::CACHED).ok()?;
         Some(Self::with_dir(terms, dir))
     }
 
@@ -158,16 +145,8 @@ impl Root {
     /// from the lookup cache (see [`Self::open_cached`]); `None` on any
     /// error.
     pub fn open_cached_at(&self, path: &str, flags: OFlags) -> Option<OwnedFd> {
-        let path = if path.is_empty() { "." } else { path };
-        let resolve = self.resolve | ResolveFlags::CACHED;
-        rustix::fs::openat2(
-            &self.dir,
-            path,
-            flags | OFlags::CLOEXEC,
-            Mode::empty(),
-            resolve,
-        )
-        .ok()
+        self.open_once(&self.dir, path, flags, Mode::empty(), ResolveFlags::CACHED)
+            .ok()
     }
 
     /// Opens `path` beneath `dir`, a directory already inside this root.
@@ -178,14 +157,33 @@ impl Root {
         flags: OFlags,
         mode: Mode,
     ) -> Result<OwnedFd, Errno> {
-        let path = if path.is_empty() { "." } else { path };
         loop {
-            match rustix::fs::openat2(dir, path, flags | OFlags::CLOEXEC, mode, self.resolve) {
+            match self.open_once(dir, path, flags, mode, ResolveFlags::empty()) {
                 // openat2 may ask for a retry when a rename raced the lookup.
                 Err(Errno::AGAIN) => continue,
                 other => return other,
             }
         }
+    }
+
+    /// One `openat2` of `path` ("" is `dir` itself) beneath `dir`, with this
+    /// root's confinement and `extra` resolve flags.
+    fn open_once(
+        &self,
+        dir: &OwnedFd,
+        path: &str,
+        flags: OFlags,
+        mode: Mode,
+        extra: ResolveFlags,
+    ) -> Result<OwnedFd, Errno> {
+        let path = if path.is_empty() { "." } else { path };
+        rustix::fs::openat2(
+            dir,
+            path,
+            flags | OFlags::CLOEXEC,
+            mode,
+            self.resolve | extra,
+        )
     }
 
     /// The directory holding `path`, opened for `*at` calls, and the last
@@ -204,6 +202,19 @@ impl Root {
         let dir = self.open_at(parent, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
         Ok((dir, name.to_string()))
     }
+}
+
+/// The root's own directory, `O_PATH`, for [`Root::open`] (`resolve`
+/// empty) and [`Root::open_cached`] (`RESOLVE_CACHED`).
+fn open_root_dir(terms: &FileTerms, resolve: ResolveFlags) -> Result<OwnedFd, Errno> {
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    rustix::fs::openat2(
+        rustix::fs::CWD,
+        &terms.host_root,
+        flags,
+        Mode::empty(),
+        resolve,
+    )
 }
 
 #[cfg(test)]
