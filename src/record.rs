@@ -147,20 +147,75 @@ pub fn encode_chunk(
     data: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<(), RecordError> {
-    let id = request_id.as_str().as_bytes();
-    let len = CHUNK_FIXED_OVERHEAD + id.len() + data.len();
+    let len = CHUNK_FIXED_OVERHEAD + request_id.as_str().len() + data.len();
     if len > MAX_RECORD_LEN {
         return Err(RecordError::TooLarge { len });
     }
-    // A valid RequestId is at most MAX_ID_LEN (128) bytes, far below u16::MAX.
-    let id_len = u16::try_from(id.len()).map_err(|_| RecordError::TooLarge { len })?;
     out.reserve(len);
+    push_chunk_header(request_id, channel, out);
+    out.extend_from_slice(data);
+    Ok(())
+}
+
+fn push_chunk_header(request_id: &RequestId, channel: Channel, out: &mut Vec<u8>) {
+    let id = request_id.as_str().as_bytes();
+    // A valid RequestId is at most MAX_ID_LEN (128) bytes, far below u16::MAX.
+    let id_len = u16::try_from(id.len()).unwrap_or(u16::MAX);
     out.push(KIND_CHUNK);
     out.extend_from_slice(&id_len.to_be_bytes());
     out.extend_from_slice(id);
     out.push(channel as u8);
-    out.extend_from_slice(data);
-    Ok(())
+}
+
+/// A chunk record built in place: the header first, then data appended
+/// straight into the same buffer (a download reads the file into it), so
+/// the data is not copied behind a header later. The buffer has room for
+/// the seal's tag too, which the channel appends without reallocating.
+#[derive(Debug)]
+pub struct ChunkRecord {
+    buf: Vec<u8>,
+    header_len: usize,
+    /// Data bytes the record may carry.
+    room: usize,
+}
+
+impl ChunkRecord {
+    /// An empty chunk with room for `room` data bytes, or for as many as
+    /// fit one record if that is fewer (see [`chunk_capacity`]).
+    pub fn new(request_id: &RequestId, channel: Channel, room: usize) -> Self {
+        let room = room.min(chunk_capacity(request_id));
+        let header_len = CHUNK_FIXED_OVERHEAD + request_id.as_str().len();
+        let mut buf = Vec::with_capacity(header_len + room + portcullis_crypto::TAG_LEN);
+        push_chunk_header(request_id, channel, &mut buf);
+        Self {
+            buf,
+            header_len,
+            room,
+        }
+    }
+
+    /// How many data bytes may still be appended.
+    pub fn room(&self) -> usize {
+        self.room.saturating_sub(self.data().len())
+    }
+
+    /// The buffer to append data to (append only: the header is in it),
+    /// at most [`room`](Self::room) bytes; anything past that is cut off
+    /// by [`into_record`](Self::into_record).
+    pub fn buffer(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+
+    pub fn data(&self) -> &[u8] {
+        self.buf.get(self.header_len..).unwrap_or_default()
+    }
+
+    /// The finished record, at most [`MAX_RECORD_LEN`] bytes.
+    pub fn into_record(mut self) -> Vec<u8> {
+        debug_assert!(self.buf.len() >= self.header_len, "header cut into");
+        self.buf.truncate(self.header_len + self.room);
+        self.buf
+    }
 }
 
 #[cfg(test)]
@@ -197,6 +252,23 @@ mod tests {
         encode_chunk(&rid, Channel::FileData, &data, &mut out).unwrap();
         assert_eq!(out.len(), MAX_RECORD_LEN);
         assert!(encode_chunk(&rid, Channel::FileData, &[0; 1 + 65519], &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn a_chunk_built_in_place_holds_at_most_one_record_and_the_seal_s_tag() {
+        let rid = id("req-7");
+        let mut chunk = ChunkRecord::new(&rid, Channel::FileData, usize::MAX);
+        assert_eq!(chunk.room(), chunk_capacity(&rid));
+        let capacity = chunk.buffer().capacity();
+        assert!(capacity >= MAX_RECORD_LEN + portcullis_crypto::TAG_LEN);
+        chunk.buffer().resize(capacity, 0xAB);
+        assert_eq!(chunk.room(), 0);
+        let record = chunk.into_record();
+        assert_eq!(record.len(), MAX_RECORD_LEN);
+        let Record::Chunk(decoded) = decode(&record).unwrap() else {
+            panic!("not a chunk")
+        };
+        assert_eq!(decoded.data, &vec![0xAB; chunk_capacity(&rid)][..]);
     }
 
     #[test]
@@ -318,6 +390,20 @@ mod properties {
             encode_chunk(&id, channel, &data, &mut out).unwrap();
             let decoded = decode(&out).unwrap();
             prop_assert_eq!(decoded, Record::Chunk(Chunk { request_id: id.as_str(), channel, data: &data }));
+        }
+
+        #[test]
+        fn a_chunk_built_in_place_is_the_encoded_chunk(id in request_id(), channel in channel(),
+                                                        data in prop::collection::vec(any::<u8>(), 0..4096),
+                                                        room in 0usize..5000) {
+            let mut chunk = ChunkRecord::new(&id, channel, room);
+            prop_assert_eq!(chunk.room(), room);
+            chunk.buffer().extend_from_slice(&data);
+            let kept = data.len().min(room);
+            prop_assert_eq!(chunk.room(), room.saturating_sub(data.len()));
+            let mut expected = Vec::new();
+            encode_chunk(&id, channel, &data[..kept], &mut expected).unwrap();
+            prop_assert_eq!(chunk.into_record(), expected);
         }
 
         #[test]

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::frame::{ErrorBody, ErrorCode, Request};
-use crate::record::{self, Channel};
+use crate::record::Channel;
 use crate::server::dispatch::{Call, Provider, Reply, StreamSink, Usage};
 use confine::{FileError, Root};
 use ops::AtomicFile;
@@ -317,23 +317,25 @@ async fn read(
         });
         if p.stream {
             let want = p.length.unwrap_or(available).min(available);
-            let piece = record::chunk_capacity(sink.id()).max(1);
             let mut hasher = p.sha256.then(Sha256::new);
             let mut sent = 0u64;
             while sent < want {
                 if cancel.is_cancelled() {
                     return Err(FileError::Cancelled);
                 }
-                let n = piece.min((want - sent) as usize);
-                let data = ops::read_at(&handle, offset + sent, n)?;
-                if data.is_empty() {
+                // The file is read straight into the record that carries it.
+                let left = usize::try_from(want - sent).unwrap_or(usize::MAX);
+                let mut chunk = sink.chunk_record(Channel::FileData, left);
+                let room = chunk.room();
+                let n = ops::read_at_into(&handle, offset + sent, room, chunk.buffer())?;
+                if n == 0 {
                     break; // the file shrank meanwhile
                 }
                 if let Some(hasher) = &mut hasher {
-                    hasher.update(&data);
+                    hasher.update(chunk.data());
                 }
-                sent += data.len() as u64;
-                sink.chunk_blocking(Channel::FileData, Bytes::from(data))
+                sent += n as u64;
+                sink.record_blocking(chunk)
                     .map_err(|_| FileError::Cancelled)?;
             }
             result["length"] = json!(sent);

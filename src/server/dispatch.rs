@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::frame::{ErrorBody, ErrorCode, Frame, Request, RequestId, Stream};
-use crate::record::Channel;
+use crate::record::{Channel, ChunkRecord};
 use crate::server::resources::SessionResources;
 
 /// What a session sends, in order, through its bounded outbox. A full
@@ -30,6 +30,8 @@ pub enum Outbound {
         channel: Channel,
         data: Bytes,
     },
+    /// A chunk record already encoded (a download's piece, read in place).
+    Record(ChunkRecord),
     /// Close the connection after everything queued before it.
     Close {
         policy: bool,
@@ -183,6 +185,22 @@ impl StreamSink {
         let id = self.id.clone();
         self.outbox
             .blocking_send(Outbound::Chunk { id, channel, data })
+            .map_err(|_| SessionGone)
+    }
+
+    /// An empty chunk record for this request with room for `room` data
+    /// bytes (fewer if a record cannot carry them), to fill in place and
+    /// send with [`record_blocking`](Self::record_blocking).
+    pub fn chunk_record(&self, channel: Channel, room: usize) -> ChunkRecord {
+        ChunkRecord::new(&self.id, channel, room)
+    }
+
+    /// Sends a chunk made by [`chunk_record`](Self::chunk_record) from a
+    /// blocking thread.
+    pub fn record_blocking(&self, chunk: ChunkRecord) -> Result<(), SessionGone> {
+        self.usage.add_out(chunk.data().len());
+        self.outbox
+            .blocking_send(Outbound::Record(chunk))
             .map_err(|_| SessionGone)
     }
 }

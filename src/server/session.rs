@@ -39,7 +39,7 @@ use crate::frame::{
     self, ErrorBody, ErrorCode, Event, Frame, Heartbeat, Hello, PROTOCOL, Request, RequestId,
     Response,
 };
-use crate::record::{self, Channel, Record, RecordError};
+use crate::record::{self, Channel, ChunkRecord, Record, RecordError};
 use crate::server::dispatch::{Call, Outbound, Outbox, StartEntry, StreamSink, Usage};
 use crate::server::entry::{self, LONG_RUNNING, code_name, describe_target, error_code};
 use crate::server::query::{query_for, still_allowed};
@@ -983,32 +983,42 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
     mut outbox: mpsc::Receiver<Outbound>,
 ) {
     while let Some(item) = outbox.recv().await {
-        let records = match item {
+        let sent = match item {
             Outbound::Close { policy, reason } => {
                 let _ = writer.flush().await;
                 return writer.close(policy, &reason).await;
             }
-            Outbound::Frame(frame) => vec![encode_frame(frame)],
+            Outbound::Frame(frame) => send(&mut writer, encode_frame(frame), &outbox).await,
+            Outbound::Record(chunk) => send(&mut writer, chunk.into_record(), &outbox).await,
             Outbound::Chunk { id, channel, data } => {
-                let capacity = record::chunk_capacity(&id);
-                data.chunks(capacity.max(1))
-                    .map(|piece| {
-                        let mut buf = Vec::with_capacity(piece.len() + 200);
-                        // Pieces are cut to capacity, so encoding cannot fail.
-                        let _ = record::encode_chunk(&id, channel, piece, &mut buf);
-                        buf
-                    })
-                    .collect()
+                let capacity = record::chunk_capacity(&id).max(1);
+                let mut sent = true;
+                for piece in data.chunks(capacity) {
+                    let mut chunk = ChunkRecord::new(&id, channel, piece.len());
+                    chunk.buffer().extend_from_slice(piece);
+                    sent = send(&mut writer, chunk.into_record(), &outbox).await;
+                    if !sent {
+                        break;
+                    }
+                }
+                sent
             }
         };
-        for rec in records {
-            let flush = outbox.is_empty();
-            if writer.send(rec, flush).await.is_err() {
-                return;
-            }
+        if !sent {
+            return;
         }
     }
     let _ = writer.flush().await;
+}
+
+/// Writes one record, flushing when nothing else is queued behind it.
+/// False once the connection is gone.
+async fn send<S: AsyncRead + AsyncWrite + Unpin>(
+    writer: &mut RecordWriter<S>,
+    record: Vec<u8>,
+    outbox: &mpsc::Receiver<Outbound>,
+) -> bool {
+    writer.send(record, outbox.is_empty()).await.is_ok()
 }
 
 fn encode_frame(frame: Frame) -> Vec<u8> {
