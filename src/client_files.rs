@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use serde_json::{Value, json};
 
 use crate::client::{Client, ClientError, StreamItem};
-use crate::record::{self, Channel};
+use crate::record::{Channel, ChunkRecord};
 
 /// How [`Client::upload`] writes.
 #[derive(Clone, Copy, Debug, Default)]
@@ -84,18 +84,20 @@ impl Client {
         let params =
             json!({"root_id": root, "path": path, "stream": true, "size": size, "sha256": sha256});
         let mut handle = self.start(method, params).await?;
-        let mut buf = vec![0; record::chunk_capacity(&handle.id)];
         let mut sent = 0u64;
         loop {
             // Refused or failed already: stop sending, read why.
             if handle.finished() {
                 return handle.response().await;
             }
-            let n = read_full(input, &mut buf).map_err(local)?;
-            let mut rec = Vec::with_capacity(n + 200);
-            record::encode_chunk(&handle.id, Channel::FileData, &buf[..n], &mut rec)
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
-            self.send_record(rec).await?;
+            // The input is read straight into the record that carries it.
+            let mut chunk = ChunkRecord::new(&handle.id, Channel::FileData, usize::MAX);
+            let room = chunk.room() as u64;
+            let n = input
+                .take(room)
+                .read_to_end(chunk.buffer())
+                .map_err(local)?;
+            self.send_record(chunk.into_record()).await?;
             if n == 0 {
                 break; // the empty chunk ends the upload
             }
@@ -104,20 +106,6 @@ impl Client {
         }
         handle.response().await
     }
-}
-
-/// Reads until `buf` is full or the input ends.
-fn read_full(input: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match input.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
 }
 
 fn local(e: std::io::Error) -> ClientError {

@@ -606,6 +606,49 @@ impl std::io::Write for HashingSink {
     }
 }
 
+/// A reader that hands out at most 1,000 bytes per read, as a pipe may.
+struct Trickle<'a>(&'a [u8]);
+
+impl std::io::Read for Trickle<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.0.len()).min(1000);
+        buf[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        Ok(n)
+    }
+}
+
+/// An upload fills each record from short reads (stdin from a pipe) and
+/// sends full records: the file arrives whole, and the progress reports
+/// whole records until the last.
+#[tokio::test]
+async fn an_upload_from_short_reads_arrives_whole_in_full_records() {
+    let (gw, client) = setup().await;
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 31 % 253) as u8).collect();
+    let mut progress = Vec::new();
+    let up = client
+        .upload(
+            "main",
+            "trickle.bin",
+            &mut Trickle(&data),
+            UploadOptions::default(),
+            &mut |n| progress.push(n),
+        )
+        .await
+        .unwrap();
+    assert_eq!(up["size"].as_u64(), Some(data.len() as u64), "{up}");
+    assert_eq!(
+        std::fs::read(gw.dir.join("workspace/trickle.bin")).unwrap(),
+        data
+    );
+    // 200,000 bytes in records of about 65,500 data bytes: four records.
+    assert_eq!(progress.len(), 4, "{progress:?}");
+    assert_eq!(progress.last(), Some(&(data.len() as u64)));
+    let steps: Vec<u64> = progress.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(steps[..2].iter().all(|&s| s == progress[0]), "{progress:?}");
+    assert!(progress[0] > 60_000, "{progress:?}");
+}
+
 /// `sha256: false` on a streamed write and read: the same bytes, and no
 /// digest in the results; asked for, the digest is the data's.
 #[tokio::test]
