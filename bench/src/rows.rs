@@ -597,8 +597,8 @@ pub async fn bulk(
         }),
     ));
     let mut rates: Vec<Spread> = vec![Spread::default(); transfers.len()];
-    // Round 0 warms the page cache and is not counted: a VM's first touch
-    // of fresh page-cache memory is several times slower than later ones.
+    // Round 0 is a warm-up and not counted: it brings the source into the
+    // page cache and each tool's files into the kernel's caches.
     for round in 0..=args.rounds {
         eprintln!(
             "bulk {} MiB, round {round}{}",
@@ -612,6 +612,7 @@ pub async fn bulk(
             // and not to those that rewrite it in place (scp).
             let _ = std::fs::remove_file(output);
             timed(Command::new("sync")).await?;
+            touch_free_memory(&local.join("warm.bin"), bytes + bytes / 8)?;
             let took = timed(command()?).await?;
             if round > 0 {
                 rates[i].push(bytes as f64 / took.as_secs_f64() / 1e6);
@@ -690,6 +691,35 @@ type Transfer<'a> = (
 );
 
 /// `bytes` of random data (incompressible, like the worst case).
+/// Writes `bytes` of zeros to `path` and deletes it, so that the pages
+/// the next transfer's output takes from the free lists are ones this
+/// guest touched a moment ago.
+///
+/// Why: a VM whose balloon device reports free pages to the host (Linux
+/// free page reporting: `virtio_balloon` with `REPORTING`, 2 MiB blocks
+/// free for about 2 s) gets those pages back from the host on first
+/// touch, at a cost per page. On the 2-vCPU VM of bench/RESULTS.md,
+/// `dd if=/dev/zero bs=1M count=1024` into the page cache took 1.4-2.2 s
+/// when it followed 8 s of quiet and 0.2 s right after the same amount
+/// was freed. Which of the two a transfer gets is chance, and it doubled
+/// the spread of every tool's figure between rounds. Touching the memory
+/// first, for every tool alike, measures the tools as on a host without
+/// such a balloon.
+fn touch_free_memory(path: &std::path::Path, bytes: u64) -> Result<(), String> {
+    use std::io::Write as _;
+    let fail = |e: std::io::Error| format!("{}: {e}", path.display());
+    let block = vec![0u8; 4 << 20];
+    let mut file = std::fs::File::create(path).map_err(fail)?;
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        file.write_all(&block[..n]).map_err(fail)?;
+        left -= n as u64;
+    }
+    drop(file);
+    std::fs::remove_file(path).map_err(fail)
+}
+
 fn make_file(path: &std::path::Path, bytes: u64) -> Result<(), String> {
     let status = Command::new("head")
         .arg("-c")
