@@ -179,15 +179,6 @@ impl StreamSink {
             .map_err(|_| SessionGone)
     }
 
-    /// [`chunk`](Self::chunk) from a blocking thread (a file transfer).
-    pub fn chunk_blocking(&self, channel: Channel, data: Bytes) -> Result<(), SessionGone> {
-        self.usage.add_out(data.len());
-        let id = self.id.clone();
-        self.outbox
-            .blocking_send(Outbound::Chunk { id, channel, data })
-            .map_err(|_| SessionGone)
-    }
-
     /// An empty chunk record for this request with room for `room` data
     /// bytes (fewer if a record cannot carry them), to fill in place and
     /// send with [`record_blocking`](Self::record_blocking).
