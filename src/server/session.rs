@@ -992,16 +992,14 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
             Outbound::Record(chunk) => send(&mut writer, chunk.into_record(), &outbox).await,
             Outbound::Chunk { id, channel, data } => {
                 let capacity = record::chunk_capacity(&id).max(1);
-                let mut sent = true;
                 for piece in data.chunks(capacity) {
                     let mut chunk = ChunkRecord::new(&id, channel, piece.len());
                     chunk.buffer().extend_from_slice(piece);
-                    sent = send(&mut writer, chunk.into_record(), &outbox).await;
-                    if !sent {
-                        break;
+                    if !send(&mut writer, chunk.into_record(), &outbox).await {
+                        return;
                     }
                 }
-                sent
+                true
             }
         };
         if !sent {
