@@ -9,6 +9,7 @@
 //! docs/PROTOCOL.md §7 is the reference for params and results.
 
 pub mod confine;
+mod direct;
 pub mod ops;
 mod quick;
 pub mod search;

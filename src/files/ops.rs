@@ -3,8 +3,8 @@
 //! blocking pool and moves their data over the wire.
 
 use std::fs::File;
-use std::io::Write as _;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt as _;
 
 use bytes::Bytes;
 use portcullis_policy::FileTerms;
@@ -15,6 +15,7 @@ use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::confine::{FileError, Root};
+use super::direct::Staging;
 
 /// Deepest directory nesting `list` and recursive `delete` walk into.
 pub const MAX_DEPTH: usize = 64;
@@ -466,6 +467,9 @@ pub struct AtomicFile {
     file: File,
     hash: Option<HashPipe>,
     writeback: Option<Writeback>,
+    /// Where direct writes start; `None` once the file system refused them.
+    direct_from: Option<u64>,
+    staging: Option<Staging>,
     size: u64,
     committed: bool,
     /// Whether committing may replace an existing file.
@@ -533,19 +537,58 @@ impl AtomicFile {
             file: File::from(fd),
             hash: hash.then(HashPipe::start).transpose()?,
             writeback: None,
+            direct_from: Some(DIRECT_FROM),
+            staging: None,
             size: 0,
             committed: false,
             replace: true,
         })
     }
 
+    /// Appends `data`: the first [`DIRECT_FROM`] bytes of the file the
+    /// buffered way, the rest straight to the disk where the file system
+    /// takes direct I/O (see `direct.rs`).
     pub fn write(&mut self, data: Bytes) -> Result<(), FileError> {
-        self.file.write_all(&data).map_err(|e| self.io(e))?;
-        let before = self.size;
-        self.size += data.len() as u64;
+        let buffered = match self.direct_from {
+            Some(from) => from.saturating_sub(self.size).min(data.len() as u64) as usize,
+            None => data.len(),
+        };
+        self.write_buffered(&data[..buffered])?;
+        let rest = &data[buffered..];
+        if !rest.is_empty() {
+            if self.staging.is_none() {
+                self.staging = Staging::start(&self.file, self.size, STAGING_BUFFER);
+            }
+            match &mut self.staging {
+                Some(staging) => {
+                    staging
+                        .push(&self.file, rest)
+                        .map_err(|e| io_error(&self.vpath, e))?;
+                    self.size += rest.len() as u64;
+                }
+                None => {
+                    self.direct_from = None;
+                    self.write_buffered(rest)?;
+                }
+            }
+        }
         if let Some(hash) = &self.hash {
             hash.update(data);
         }
+        Ok(())
+    }
+
+    /// Writes through the page cache, and has [`Writeback`] send each
+    /// [`WRITEBACK_EVERY`] on to the disk while more arrives.
+    fn write_buffered(&mut self, data: &[u8]) -> Result<(), FileError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.file
+            .write_all_at(data, self.size)
+            .map_err(|e| self.io(e))?;
+        let before = self.size;
+        self.size += data.len() as u64;
         if before / WRITEBACK_EVERY != self.size / WRITEBACK_EVERY {
             if self.writeback.is_none() {
                 let second = self.file.try_clone().map_err(|e| self.io(e))?;
@@ -569,6 +612,9 @@ impl AtomicFile {
     /// fsync, rename over the target, fsync the directory. Returns the
     /// result a write answers with.
     pub fn commit(mut self) -> Result<Value, FileError> {
+        if let Some(staging) = self.staging.take() {
+            staging.finish(&self.file).map_err(|e| self.io(e))?;
+        }
         if let Some(writeback) = self.writeback.take() {
             writeback.finish().map_err(|e| self.io(e))?;
         }
@@ -658,6 +704,15 @@ pub fn io_error(vpath: &str, e: std::io::Error) -> FileError {
     FileError::from_errno(Errno::from_io_error(&e).unwrap_or(Errno::IO), vpath)
 }
 
+/// Where in a file writes start to go straight to the disk: a multiple
+/// of `direct::ALIGN`. Smaller files are written the buffered way, as
+/// direct I/O would only add the disk's latency to each write.
+const DIRECT_FROM: u64 = 4 << 20;
+
+/// The staging buffer of a direct write: each of its fills is one write
+/// to the disk (1 MiB: as much as a session queues for one upload).
+const STAGING_BUFFER: usize = 1 << 20;
+
 /// How much of a large write may wait in the page cache before
 /// [`Writeback`] starts sending it to the disk.
 const WRITEBACK_EVERY: u64 = 32 << 20;
@@ -666,7 +721,9 @@ const WRITEBACK_EVERY: u64 = 32 << 20;
 /// so the fsync before the rename has only the tail left (for a 1 GiB
 /// upload here that fsync took ~0.65 s, after the transfer). Each
 /// [`kick`](Self::kick) asks a thread of its own for an `fdatasync` on a
-/// second handle of the file, unless one is already asked for.
+/// second handle of the file, unless one is already asked for. Used where
+/// a file system does not take direct I/O: elsewhere everything past
+/// [`DIRECT_FROM`] goes to the disk as it is written.
 struct Writeback {
     kick: Option<std::sync::mpsc::SyncSender<()>>,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
@@ -807,5 +864,45 @@ mod tests {
             assert_eq!(stat_cached(&granted, "file"), None);
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+
+    /// Files written across the point where direct writes start arrive
+    /// whole, in pieces of any size: the buffered head, the staged body
+    /// and the unaligned tail each land where they belong.
+    #[test]
+    fn a_file_written_across_the_direct_write_point_arrives_whole() {
+        let base = std::env::temp_dir().join(format!("portcullis-direct-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let root = Root::open(&terms(&base, false)).unwrap();
+        let from = DIRECT_FROM as usize;
+        let sizes = [
+            0,
+            1,
+            from - 1,
+            from,
+            from + 1,
+            from + STAGING_BUFFER + 4096 + 7,
+        ];
+        for (i, size) in sizes.into_iter().enumerate() {
+            let data: Vec<u8> = (0..size).map(|n| (n % 251) as u8 ^ i as u8).collect();
+            let mut file = AtomicFile::create(&root, "f", false, false).unwrap();
+            // Record-sized pieces, and sizes no block boundary matches.
+            let mut pieces = [65_519, 1, 4_097].into_iter().cycle();
+            let mut at = 0;
+            while at < size {
+                let n = pieces.next().unwrap().min(size - at);
+                file.write(Bytes::copy_from_slice(&data[at..at + n]))
+                    .unwrap();
+                at += n;
+            }
+            assert_eq!(file.staging.is_some(), size > from, "{size} bytes");
+            let result = file.commit().unwrap();
+            assert_eq!(result["size"], size as u64);
+            assert!(
+                std::fs::read(base.join("f")).unwrap() == data,
+                "{size} bytes"
+            );
+        }
+        let _ = std::fs::remove_dir_all(base);
     }
 }
