@@ -21,7 +21,8 @@ use zeroize::Zeroizing;
 /// The URL path of the relay endpoint.
 pub const RELAY_PATH: &str = "/api/v1/relay/connect";
 
-/// WebSocket limits for both ends: one Noise message (≤ 65535 bytes) per
+/// WebSocket limits (the gateway's; the client's are
+/// [`client_ws_config`]): one Noise message (≤ 65535 bytes) per
 /// WebSocket message, so nothing larger is ever reassembled; a small read
 /// buffer keeps idle sessions cheap. Small records queued behind each other
 /// are written with one system call: `RecordWriter::send` without `flush`
@@ -36,6 +37,18 @@ pub fn ws_config() -> WebSocketConfig {
         .max_write_buffer_size(4 * 65536)
         .max_message_size(Some(portcullis_crypto::MAX_MESSAGE_LEN))
         .max_frame_size(Some(portcullis_crypto::MAX_MESSAGE_LEN))
+}
+
+/// The client's limits: [`ws_config`] with a larger write buffer, so that
+/// an upload's records go out four to a system call. Fewer, larger writes
+/// wake the gateway less often: a 1 GiB put, alternated eight times
+/// against one gateway, ran at a median of 1,263 MB/s against 1,095 with
+/// the gateway's 64 KiB (client CPU 580–700 ms against 630–810). A larger
+/// read buffer for the client made downloads slower, so that stays.
+pub fn client_ws_config() -> WebSocketConfig {
+    ws_config()
+        .write_buffer_size(256 * 1024)
+        .max_write_buffer_size(512 * 1024)
 }
 
 #[derive(Debug, Error)]

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use zeroize::Zeroizing;
 
-use crate::channel::{self, ChannelError, RELAY_PATH, ws_config};
+use crate::channel::{self, ChannelError, RELAY_PATH};
 use crate::frame::{
     Cancel, ErrorBody, Event, Frame, Heartbeat, Hello, Request, RequestContext, RequestId, Response,
 };
@@ -171,10 +171,13 @@ impl Client {
         let request = url
             .into_client_request()
             .map_err(|e| ClientError::Upgrade(e.to_string()))?;
-        let (ws, _) =
-            tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config()))
-                .await
-                .map_err(|e| ClientError::Upgrade(e.to_string()))?;
+        let (ws, _) = tokio_tungstenite::client_async_with_config(
+            request,
+            stream,
+            Some(channel::client_ws_config()),
+        )
+        .await
+        .map_err(|e| ClientError::Upgrade(e.to_string()))?;
         let credentials = match &options.token {
             Some(token) => {
                 Zeroizing::new(json!({ "token": token.as_str() }).to_string().into_bytes())
