@@ -596,6 +596,17 @@ pub async fn bulk(
             Ok(c)
         }),
     ));
+    transfers.push((
+        "dd oflag=direct (to disk, no page cache)",
+        local.join("dd-direct.bin"),
+        Box::new(|| {
+            let mut c = Command::new("dd");
+            c.arg(format!("if={}", path(&source)))
+                .arg(format!("of={}", path(&local.join("dd-direct.bin"))))
+                .args(["bs=1M", "oflag=direct", "conv=fsync", "status=none"]);
+            Ok(c)
+        }),
+    ));
     let mut rates: Vec<Spread> = vec![Spread::default(); transfers.len()];
     // Round 0 is a warm-up and not counted: it brings the source into the
     // page cache and each tool's files into the kernel's caches.
@@ -667,7 +678,11 @@ pub async fn bulk(
             0,
         ));
     }
-    for limit in ["cp (page cache, no fsync)", "dd conv=fsync (to disk)"] {
+    for limit in [
+        "cp (page cache, no fsync)",
+        "dd conv=fsync (to disk)",
+        "dd oflag=direct (to disk, no page cache)",
+    ] {
         let what = format!("{size} physical limit: {limit}");
         results.rows.push(Row::new(
             section,
