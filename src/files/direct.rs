@@ -142,6 +142,13 @@ mod tests {
         dir
     }
 
+    /// `dir/f`, holding `head`.
+    fn file_with(dir: &std::path::Path, head: &[u8]) -> File {
+        let file = File::create(dir.join("f")).expect("create");
+        file.write_all_at(head, 0).expect("head");
+        file
+    }
+
     fn flags(file: &File) -> OFlags {
         rustix::fs::fcntl_getfl(file).expect("fcntl")
     }
@@ -151,10 +158,8 @@ mod tests {
     #[test]
     fn staged_data_lands_behind_what_was_written_before() {
         let dir = scratch("staged");
-        let path = dir.join("f");
-        let file = File::create(&path).expect("create");
         let head = data(2 * ALIGN, 1);
-        file.write_all_at(&head, 0).expect("head");
+        let file = file_with(&dir, &head);
         let mut staging = Staging::start(&file, head.len() as u64, 3 * ALIGN).expect("O_DIRECT");
         assert!(flags(&file).contains(OFlags::DIRECT));
         let body = data(7 * ALIGN + 123, 2);
@@ -165,7 +170,7 @@ mod tests {
         assert!(on, "aligned direct writes were refused");
         staging.finish(&file).expect("finish");
         assert!(!flags(&file).contains(OFlags::DIRECT));
-        let written = std::fs::read(&path).expect("read");
+        let written = std::fs::read(dir.join("f")).expect("read");
         assert_eq!(written.len(), head.len() + body.len());
         assert!(written[..head.len()] == head[..] && written[head.len()..] == body[..]);
         std::fs::remove_dir_all(dir).expect("cleanup");
@@ -176,17 +181,15 @@ mod tests {
     #[test]
     fn a_refused_direct_write_is_written_buffered() {
         let dir = scratch("refused");
-        let path = dir.join("f");
-        let file = File::create(&path).expect("create");
         let head = data(100, 3);
-        file.write_all_at(&head, 0).expect("head");
+        let file = file_with(&dir, &head);
         let mut staging = Staging::start(&file, 100, ALIGN).expect("O_DIRECT");
         let body = data(3 * ALIGN + 5, 4);
         staging.push(&file, &body).expect("push");
         let on = flags(&file).contains(OFlags::DIRECT);
         assert!(!on, "an unaligned offset was written directly");
         staging.finish(&file).expect("finish");
-        let written = std::fs::read(&path).expect("read");
+        let written = std::fs::read(dir.join("f")).expect("read");
         assert!(written[..100] == head[..] && written[100..] == body[..]);
         std::fs::remove_dir_all(dir).expect("cleanup");
     }
@@ -195,12 +198,11 @@ mod tests {
     #[test]
     fn an_empty_staging_writes_nothing() {
         let dir = scratch("empty");
-        let path = dir.join("f");
-        let file = File::create(&path).expect("create");
+        let file = file_with(&dir, &[]);
         let staging = Staging::start(&file, 0, ALIGN).expect("O_DIRECT");
         staging.finish(&file).expect("finish");
         assert!(!flags(&file).contains(OFlags::DIRECT));
-        assert_eq!(std::fs::metadata(&path).expect("stat").len(), 0);
+        assert_eq!(std::fs::metadata(dir.join("f")).expect("stat").len(), 0);
         std::fs::remove_dir_all(dir).expect("cleanup");
     }
 
@@ -214,10 +216,8 @@ mod tests {
             pieces in proptest::collection::vec(0usize..10_000, 0..12),
         ) {
             let dir = scratch("prop");
-            let path = dir.join("f");
-            let file = File::create(&path).expect("create");
             let head = data(head_blocks * ALIGN, 5);
-            file.write_all_at(&head, 0).expect("head");
+            let file = file_with(&dir, &head);
             let mut staging = Staging::start(&file, head.len() as u64, buffer_blocks * ALIGN)
                 .expect("O_DIRECT");
             let mut body = Vec::new();
@@ -227,7 +227,7 @@ mod tests {
                 body.extend_from_slice(&piece);
             }
             staging.finish(&file).expect("finish");
-            let written = std::fs::read(&path).expect("read");
+            let written = std::fs::read(dir.join("f")).expect("read");
             std::fs::remove_dir_all(dir).expect("cleanup");
             proptest::prop_assert_eq!(written.len(), head.len() + body.len());
             proptest::prop_assert!(written[..head.len()] == head[..]);
