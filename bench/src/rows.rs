@@ -705,7 +705,6 @@ type Transfer<'a> = (
     Box<dyn Fn() -> Result<Command, String> + 'a>,
 );
 
-/// `bytes` of random data (incompressible, like the worst case).
 /// Writes `bytes` of zeros to `path` and deletes it, so that the pages
 /// the next transfer's output takes from the free lists are ones this
 /// guest touched a moment ago.
@@ -735,6 +734,7 @@ fn touch_free_memory(path: &std::path::Path, bytes: u64) -> Result<(), String> {
     std::fs::remove_file(path).map_err(fail)
 }
 
+/// `bytes` of random data (incompressible, like the worst case).
 fn make_file(path: &std::path::Path, bytes: u64) -> Result<(), String> {
     let status = Command::new("head")
         .arg("-c")
