@@ -6,5 +6,5 @@
 #   bash bench/run.sh --quick           # small sizes: checks the harness works (about a minute)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked -p portcullis -p portcullis-bench --bins
+cargo build --release --locked -p portcullis -p portcullis-sandbox -p portcullis-bench --bins
 exec target/release/portcullis-bench "$@"

@@ -19,9 +19,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use portcullis::client::{Client, ClientOptions};
-use portcullis::keyfile;
+use portcullis_client::{Client, ClientOptions};
 use portcullis_crypto::StaticKeypair;
+use portcullis_wire::keyfile;
 use serde_json::json;
 
 const CONNECTIONS: usize = 1000;

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 if ! command -v cargo-deb >/dev/null; then
   cargo install cargo-deb --locked
 fi
-cargo build --release --locked --bins
+cargo build --release --locked -p portcullis -p portcullis-sandbox --bins
 rm -rf target/assets
 mkdir -p target/assets/completions
 target/release/portcullis man target/assets/man

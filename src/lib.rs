@@ -7,15 +7,9 @@
 
 #![forbid(unsafe_code)]
 
-pub mod channel;
-pub mod client;
-pub mod client_config;
-pub mod client_files;
 pub mod config;
 pub mod files;
-pub mod frame;
-pub mod keyfile;
-pub mod record;
+pub mod provider;
 pub mod server;
 pub mod shell;
 pub mod systemd;

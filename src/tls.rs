@@ -1,4 +1,5 @@
-//! Optional TLS (rustls with the ring provider) under the WebSocket. The
+//! Optional TLS (rustls with the ring provider) under the WebSocket: the
+//! gateway's acceptor (the client's connector is `portcullis_client::tls`). The
 //! Noise channel inside is what authenticates the gateway and protects the
 //! protocol; TLS is for deployments that require HTTPS on the wire.
 
@@ -33,30 +34,4 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, St
         .map_err(|e| format!("TLS certificate and key: {e}"))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
-}
-
-/// A TLS connector that trusts exactly the CA certificates in `ca` (PEM).
-pub fn connector(ca: &Path) -> Result<tokio_rustls::TlsConnector, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca)
-        .map_err(|e| format!("TLS CA file {}: {e}", ca.display()))?
-    {
-        let cert = cert.map_err(|e| format!("TLS CA file {}: {e}", ca.display()))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("TLS CA file {}: {e}", ca.display()))?;
-    }
-    if roots.is_empty() {
-        return Err(format!(
-            "TLS CA file {}: no certificate in the file",
-            ca.display()
-        ));
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }

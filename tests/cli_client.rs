@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Output};
 
 use common::{Gateway, key_b64};
-use portcullis::keyfile;
+use portcullis_wire::keyfile;
 
 fn portcullis(config_home: &std::path::Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_portcullis"))

@@ -6,9 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::{Gateway, key_b64};
-use portcullis::client::ClientError;
-use portcullis::frame::ErrorCode;
+use portcullis_client::{Client, ClientError, ClientOptions};
 use portcullis_crypto::StaticKeypair;
+use portcullis_wire::frame::ErrorCode;
 use serde_json::{Value, json};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -30,7 +30,7 @@ fn stdout(output: &std::process::Output) -> String {
 }
 
 /// The name of the next event the client hears within five seconds.
-async fn next_event_name(client: &portcullis::client::Client) -> Option<String> {
+async fn next_event_name(client: &portcullis_client::Client) -> Option<String> {
     client.next_event(5 * SECOND).await.map(|e| e.event)
 }
 
@@ -282,4 +282,40 @@ async fn metrics_count_sessions_requests_and_failed_handshakes() {
     assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
     assert!(scraped.contains("text/plain; version=0.0.4"), "{scraped}");
     assert!(scraped.contains("\nportcullis_sessions 1\n"), "{scraped}");
+}
+
+/// A client that reads no events while they arrive loses the newest ones
+/// past its queue, is told how many where they would have stood, and its
+/// requests are answered meanwhile (the reader never waits for it).
+#[tokio::test]
+async fn a_full_event_queue_reports_what_it_lost_in_place() {
+    let alice = StaticKeypair::generate().unwrap();
+    let gw = Gateway::start(&policy(&alice, true), "");
+    let mut options = ClientOptions::new(&gw.url, gw.key, alice.clone());
+    options.event_queue = 2;
+    let client = Client::connect(options).await.unwrap();
+    client.accept_all().await.unwrap();
+    for _ in 0..5 {
+        assert!(gw.cli(&["pause"]).status.success());
+        assert!(gw.cli(&["resume"]).status.success());
+    }
+    // Ten events sent, none read: a request is still answered.
+    client
+        .request("resource.list", json!({}))
+        .await
+        .expect("answered while events were unread");
+    let mut seen = Vec::new();
+    while let Some(event) = client.next_event(Duration::from_millis(300)).await {
+        seen.push((event.event, event.payload["count"].as_u64()));
+    }
+    assert_eq!(
+        seen,
+        [
+            ("provider.paused".to_string(), None),
+            ("provider.resumed".to_string(), None),
+            (portcullis_client::EVENTS_LOST.to_string(), Some(8)),
+        ]
+    );
+    assert_eq!(client.events_lost(), 8);
+    gw.assert_requests_audited(1);
 }

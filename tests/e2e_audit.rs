@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::{Gateway, alice_policy, key_b64};
-use portcullis::frame::RequestId;
 use portcullis_crypto::StaticKeypair;
 use portcullis_store::{Decision, Entry, Kind, Status};
+use portcullis_wire::frame::RequestId;
 use serde_json::json;
 
 /// `audit verify --file EXPORT --key KEY` passes.

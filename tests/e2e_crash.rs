@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Gateway, alice_policy};
-use portcullis::frame::RequestId;
 use portcullis_crypto::StaticKeypair;
 use portcullis_store::Entry;
+use portcullis_wire::frame::RequestId;
 use serde_json::json;
 use tokio::sync::Mutex;
 

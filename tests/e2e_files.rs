@@ -10,10 +10,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{Gateway, key_b64};
-use portcullis::client::{Client, ClientError};
-use portcullis::client_files::UploadOptions;
-use portcullis::frame::ErrorCode;
+use portcullis_client::UploadOptions;
+use portcullis_client::{Client, ClientError};
 use portcullis_crypto::StaticKeypair;
+use portcullis_wire::frame::ErrorCode;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -572,7 +572,8 @@ async fn the_file_methods_work_and_are_audited_with_root_and_path() {
 struct Pattern {
     left: u64,
     state: u64,
-    hasher: Sha256,
+    /// Shared with the test: the upload reads on a thread of its own.
+    hasher: std::sync::Arc<std::sync::Mutex<Sha256>>,
 }
 
 impl std::io::Read for Pattern {
@@ -586,7 +587,7 @@ impl std::io::Read for Pattern {
             let bytes = self.state.to_le_bytes();
             chunk.copy_from_slice(&bytes[..chunk.len()]);
         }
-        self.hasher.update(&buf[..n]);
+        self.hasher.lock().unwrap().update(&buf[..n]);
         self.left -= n as u64;
         Ok(n)
     }
@@ -607,15 +608,93 @@ impl std::io::Write for HashingSink {
 }
 
 /// A reader that hands out at most 1,000 bytes per read, as a pipe may.
-struct Trickle<'a>(&'a [u8]);
+struct Trickle(std::io::Cursor<Vec<u8>>);
 
-impl std::io::Read for Trickle<'_> {
+impl std::io::Read for Trickle {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = buf.len().min(self.0.len()).min(1000);
-        buf[..n].copy_from_slice(&self.0[..n]);
-        self.0 = &self.0[n..];
-        Ok(n)
+        let n = buf.len().min(1000);
+        self.0.read(&mut buf[..n])
     }
+}
+
+/// Local I/O that waits for the test's word: a transfer must leave the
+/// async runtime free meanwhile (this test runs on a current-thread
+/// runtime, so one blocked call would stall the client's socket too).
+struct Gated<T> {
+    gate: Option<std::sync::mpsc::Receiver<()>>,
+    inner: T,
+}
+
+impl<T> Gated<T> {
+    fn wait(&mut self) -> std::io::Result<()> {
+        match self.gate.take() {
+            Some(gate) => gate.recv_timeout(Duration::from_secs(10)).map_err(|_| {
+                std::io::Error::other("the gate never opened: the runtime was blocked")
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::io::Read for Gated<std::io::Cursor<Vec<u8>>> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.wait()?;
+        self.inner.read(buf)
+    }
+}
+
+impl std::io::Write for Gated<Vec<u8>> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.wait()?;
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn transfers_leave_the_runtime_free_while_local_io_waits() {
+    let (gw, client) = setup().await;
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let mut quiet = |_| {};
+    let (open, gate) = std::sync::mpsc::channel();
+    let input = Gated {
+        gate: Some(gate),
+        inner: std::io::Cursor::new(data.clone()),
+    };
+    let upload = client.upload("main", "gated.bin", input, Default::default(), &mut quiet);
+    let meanwhile = async {
+        client
+            .ping()
+            .await
+            .expect("a ping while the upload's input waits");
+        open.send(()).unwrap();
+    };
+    let (up, ()) = tokio::join!(upload, meanwhile);
+    up.unwrap();
+    assert_eq!(
+        std::fs::read(gw.dir.join("workspace/gated.bin")).unwrap(),
+        data
+    );
+
+    let (open, gate) = std::sync::mpsc::channel();
+    let output = Gated {
+        gate: Some(gate),
+        inner: Vec::new(),
+    };
+    let download = client.download("main", "gated.bin", output, false, &mut quiet);
+    let meanwhile = async {
+        client
+            .ping()
+            .await
+            .expect("a ping while the download's output waits");
+        open.send(()).unwrap();
+    };
+    let (down, ()) = tokio::join!(download, meanwhile);
+    assert_eq!(down.unwrap().1.inner, data);
+    gw.assert_requests_audited(2);
 }
 
 /// An upload fills each record from short reads (stdin from a pipe) and
@@ -630,7 +709,7 @@ async fn an_upload_from_short_reads_arrives_whole_in_full_records() {
         .upload(
             "main",
             "trickle.bin",
-            &mut Trickle(&data),
+            Trickle(std::io::Cursor::new(data.clone())),
             UploadOptions::default(),
             &mut |n| progress.push(n),
         )
@@ -660,7 +739,7 @@ async fn a_stream_without_sha256_moves_the_same_bytes_without_a_digest() {
         .upload(
             "main",
             "plain.bin",
-            &mut data.as_slice(),
+            std::io::Cursor::new(data.clone()),
             UploadOptions {
                 size: Some(len),
                 ..Default::default()
@@ -675,17 +754,15 @@ async fn a_stream_without_sha256_moves_the_same_bytes_without_a_digest() {
         std::fs::read(gw.dir.join("workspace/plain.bin")).unwrap(),
         data
     );
-    let mut down = Vec::new();
-    let got = client
-        .download("main", "plain.bin", &mut down, false, &mut |_| {})
+    let (got, down) = client
+        .download("main", "plain.bin", Vec::new(), false, &mut |_| {})
         .await
         .unwrap();
     assert_eq!(down, data);
     assert_eq!(got["length"].as_u64(), Some(len), "{got}");
     assert!(got.get("sha256").is_none(), "{got}");
-    let mut down = Vec::new();
-    let got = client
-        .download("main", "plain.bin", &mut down, true, &mut |_| {})
+    let (got, down) = client
+        .download("main", "plain.bin", Vec::new(), true, &mut |_| {})
         .await
         .unwrap();
     assert_eq!(down, data);
@@ -702,17 +779,18 @@ async fn a_large_file_round_trips_with_matching_sha256() {
         .unwrap_or(1024);
     let size = mib << 20;
     let (gw, client) = setup().await;
-    let mut source = Pattern {
+    let hasher = std::sync::Arc::new(std::sync::Mutex::new(Sha256::new()));
+    let source = Pattern {
         left: size,
         state: 7,
-        hasher: Sha256::new(),
+        hasher: hasher.clone(),
     };
     let started = std::time::Instant::now();
     let up = client
         .upload(
             "main",
             "big.bin",
-            &mut source,
+            source,
             UploadOptions {
                 size: Some(size),
                 sha256: true,
@@ -723,7 +801,7 @@ async fn a_large_file_round_trips_with_matching_sha256() {
         .await
         .unwrap();
     let upload_time = started.elapsed();
-    let sent_hash = hex::encode(source.hasher.finalize());
+    let sent_hash = hex::encode(hasher.lock().unwrap().clone().finalize());
     assert_eq!(
         (up["size"].as_u64(), up["sha256"].as_str()),
         (Some(size), Some(sent_hash.as_str()))
@@ -735,10 +813,15 @@ async fn a_large_file_round_trips_with_matching_sha256() {
         size
     );
 
-    let mut sink = HashingSink(Sha256::new(), 0);
     let started = std::time::Instant::now();
-    let down = client
-        .download("main", "big.bin", &mut sink, true, &mut |_| {})
+    let (down, sink) = client
+        .download(
+            "main",
+            "big.bin",
+            HashingSink(Sha256::new(), 0),
+            true,
+            &mut |_| {},
+        )
         .await
         .unwrap();
     let download_time = started.elapsed();
@@ -787,9 +870,9 @@ async fn cancelled_and_failed_uploads_leave_no_file() {
     let piece = vec![0x5a; 60_000];
     for _ in 0..50 {
         let mut rec = Vec::new();
-        portcullis::record::encode_chunk(
+        portcullis_wire::record::encode_chunk(
             &handle.id,
-            portcullis::record::Channel::FileData,
+            portcullis_wire::record::Channel::FileData,
             &piece,
             &mut rec,
         )
@@ -811,16 +894,16 @@ async fn cancelled_and_failed_uploads_leave_no_file() {
     );
 
     // A size that does not match: refused at the end, nothing written.
-    let mut short = Pattern {
+    let short = Pattern {
         left: 1000,
         state: 1,
-        hasher: Sha256::new(),
+        hasher: Default::default(),
     };
     let wrong = client
         .upload(
             "main",
             "sized.bin",
-            &mut short,
+            short,
             UploadOptions {
                 size: Some(2000),
                 ..Default::default()
@@ -872,7 +955,7 @@ async fn search(client: &Client, params: Value) -> (Vec<Value>, Value) {
     let mut handle = client.start("file.search", params).await.unwrap();
     let mut matches = Vec::new();
     while let Some(item) = handle.next().await {
-        if let portcullis::client::StreamItem::Stream { event, data } = item {
+        if let portcullis_client::StreamItem::Stream { event, data } = item {
             assert_eq!(event, "match");
             matches.push(data);
         }

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use common::{Gateway, closed_by_gateway, key_b64};
 use futures_util::SinkExt;
-use portcullis::client::ClientError;
-use portcullis::frame::{ErrorCode, RequestId};
+use portcullis_client::ClientError;
 use portcullis_crypto::{Error as NoiseError, StaticKeypair};
+use portcullis_wire::frame::{ErrorCode, RequestId};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio_tungstenite::tungstenite::Message;
@@ -134,16 +134,16 @@ async fn the_client_refuses_a_gateway_with_another_key() {
     let k = keys();
     let gw = Gateway::start(&policy(&k, true), "");
     let mut options =
-        portcullis::client::ClientOptions::new(&gw.url, *k.stranger.public(), k.alice.clone());
+        portcullis_client::ClientOptions::new(&gw.url, *k.stranger.public(), k.alice.clone());
     options.token = Some(zeroize::Zeroizing::new(TOKEN.into()));
-    let err = portcullis::client::Client::connect(options)
+    let err = portcullis_client::Client::connect(options)
         .await
         .err()
         .expect("must fail");
     assert!(
         matches!(
             err,
-            ClientError::Channel(portcullis::channel::ChannelError::Noise(
+            ClientError::Channel(portcullis_wire::channel::ChannelError::Noise(
                 NoiseError::RemoteKeyMismatch { .. }
             ))
         ),

@@ -8,10 +8,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Gateway, key_b64, processes_with};
-use portcullis::client::{Client, ClientError, RequestHandle, StreamItem};
-use portcullis::frame::ErrorCode;
-use portcullis::record::Channel;
+use portcullis_client::{Client, ClientError, RequestHandle, StreamItem};
 use portcullis_crypto::StaticKeypair;
+use portcullis_wire::frame::ErrorCode;
+use portcullis_wire::record::Channel;
 use serde_json::{Value, json};
 
 /// alice may keep processes and open terminals; bob's end with his session.
@@ -592,7 +592,7 @@ fn the_shell_verb_gives_an_interactive_terminal() {
     let home = std::env::temp_dir().join(format!("portcullis-shell-verb-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&home);
     std::fs::create_dir_all(&home).unwrap();
-    let alice = portcullis::keyfile::generate(&home.join("alice.key"), false).unwrap();
+    let alice = portcullis_wire::keyfile::generate(&home.join("alice.key"), false).unwrap();
     let bob = StaticKeypair::generate().unwrap();
     let gw = Gateway::start(&policy(&alice, &bob, true).replace("IDLE", "1h"), "");
     std::fs::create_dir_all(gw.dir.join("workspace")).unwrap();

@@ -9,9 +9,9 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use common::{Gateway, key_b64, processes_with};
-use portcullis::client::{Client, ClientError};
-use portcullis::frame::ErrorCode;
+use portcullis_client::{Client, ClientError};
 use portcullis_crypto::StaticKeypair;
+use portcullis_wire::frame::ErrorCode;
 use serde_json::{Value, json};
 
 fn policy(alice: &StaticKeypair, bob: &StaticKeypair) -> String {
@@ -451,9 +451,9 @@ struct Streamed {
     result: Result<Value, ClientError>,
 }
 
-async fn collect(mut handle: portcullis::client::RequestHandle<'_>) -> Streamed {
-    use portcullis::client::StreamItem;
-    use portcullis::record::Channel;
+async fn collect(mut handle: portcullis_client::RequestHandle<'_>) -> Streamed {
+    use portcullis_client::StreamItem;
+    use portcullis_wire::record::Channel;
     let mut streamed = Streamed {
         process_id: String::new(),
         stdout: Vec::new(),
@@ -570,7 +570,7 @@ fn the_exec_verb_streams_output_and_exits_with_the_remote_code() {
     let home = std::env::temp_dir().join(format!("portcullis-exec-verb-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&home);
     std::fs::create_dir_all(&home).unwrap();
-    let alice = portcullis::keyfile::generate(&home.join("alice.key"), false).unwrap();
+    let alice = portcullis_wire::keyfile::generate(&home.join("alice.key"), false).unwrap();
     let bob = StaticKeypair::generate().unwrap();
     let gw = Gateway::start(&policy(&alice, &bob), "");
     let key = gw.key.to_base64();
@@ -765,139 +765,4 @@ async fn a_host_without_a_mechanism_refuses_or_runs_with_a_warning_as_the_grant_
     assert_eq!(alice_entry.warning, None);
     assert_eq!(bob_entry.exit_code, Some(0));
     assert_eq!(bob_entry.warning.as_deref(), Some(warning));
-}
-
-/// The launcher as the daemon runs it for a piped command: started ahead
-/// of need, it reads its arguments from stdin, sets up the sandbox, then
-/// waits for the release byte; without it the program never runs.
-#[test]
-fn the_launcher_runs_the_program_only_once_released() {
-    use portcullis::shell::sandbox::encode_args;
-    use std::ffi::OsString;
-    use std::io::Write as _;
-    use std::process::{Command, Stdio};
-    let dir = std::env::temp_dir().join(format!("portcullis-release-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("sub")).unwrap();
-    let marker = dir.join("ran");
-    // A waiting launcher, and the arguments the daemon would send it.
-    let launcher = |extra: &[&str], script: &str| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
-            .arg("--args-on-stdin")
-            .env_clear()
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut args: Vec<OsString> = vec!["--rw".into(), dir.clone().into()];
-        args.extend(["--deny-network", "--await-release"].map(OsString::from));
-        args.extend(extra.iter().map(OsString::from));
-        args.extend(["--env", "GREETING", "hi there"].map(OsString::from));
-        args.extend(["--cwd".into(), dir.clone().into(), "sub".into()]);
-        args.extend(["--", "/bin/sh", "-c", script].map(OsString::from));
-        let stdin = child.stdin.as_mut().unwrap();
-        stdin.write_all(&encode_args(&args)).unwrap();
-        child
-    };
-    let touch = format!("touch {}; cat", marker.display());
-
-    // Input closed without the release: refused, nothing ran.
-    let mut child = launcher(&[], &touch);
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(!marker.exists(), "the program ran before its release");
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("did not release"),
-        "{out:?}"
-    );
-    assert!(!marker.exists(), "the program ran without a release");
-
-    // Released: the program runs and the input after the byte is its own.
-    let mut child = launcher(&[], &touch);
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"ghello").unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    assert_eq!(out.stdout, b"hello");
-    assert!(marker.exists());
-
-    // The environment is exactly the one sent, the working directory the
-    // one named beneath its root, and a seccomp filter (the network's) on.
-    let script = "env; pwd; grep Seccomp: /proc/self/status";
-    let mut child = launcher(&["--stdin-null"], script);
-    child.stdin.as_mut().unwrap().write_all(b"g").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = stdout.lines().collect();
-    let env: Vec<&str> = lines[..lines.len() - 2]
-        .iter()
-        .copied()
-        .filter(|l| !["PWD=", "SHLVL=", "_="].iter().any(|p| l.starts_with(p)))
-        .collect();
-    assert_eq!(env, ["GREETING=hi there"], "{stdout}");
-    assert_eq!(lines[lines.len() - 2], dir.join("sub").to_str().unwrap());
-    assert_eq!(lines[lines.len() - 1], "Seccomp:\t2", "{stdout}");
-
-    // --stdin-null: after the release the program reads /dev/null.
-    let mut child = launcher(&["--stdin-null"], "readlink /proc/self/fd/0");
-    child.stdin.as_mut().unwrap().write_all(b"g").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "/dev/null");
-
-    // A working directory that leaves its root: refused before anything ran.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
-        .arg("--args-on-stdin")
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let args = ["--cwd", dir.to_str().unwrap(), "../..", "--", "/bin/true"];
-    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&encode_args(&args))
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(125), "{out:?}");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("working directory"),
-        "{out:?}"
-    );
-
-    // A launcher started without network (as the pool keeps them for
-    // grants that deny it) runs such a command, and refuses one whose
-    // arguments allow the network rather than run it with less.
-    let prefiltered = |deny: bool| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
-            .args(["--args-on-stdin", "--deny-network"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut args: Vec<&str> = deny.then_some("--deny-network").into_iter().collect();
-        args.extend(["--", "/bin/sh", "-c", "echo ran"]);
-        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(&encode_args(&args)).unwrap();
-        drop(stdin);
-        child.wait_with_output().unwrap()
-    };
-    let out = prefiltered(true);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n", "{out:?}");
-    let out = prefiltered(false);
-    assert_eq!(out.status.code(), Some(125), "{out:?}");
-    assert!(out.stdout.is_empty(), "{out:?}");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("may use it"),
-        "{out:?}"
-    );
-    std::fs::remove_dir_all(&dir).unwrap();
 }

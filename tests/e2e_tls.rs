@@ -4,7 +4,7 @@
 mod common;
 
 use common::{Gateway, key_b64};
-use portcullis::client::{Client, ClientError, ClientOptions};
+use portcullis_client::{Client, ClientError, ClientOptions};
 use portcullis_crypto::StaticKeypair;
 use serde_json::json;
 

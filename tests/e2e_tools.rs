@@ -11,9 +11,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Gateway, key_b64};
-use portcullis::client::{Client, ClientError, StreamItem};
-use portcullis::frame::ErrorCode;
+use portcullis_client::{Client, ClientError, StreamItem};
 use portcullis_crypto::StaticKeypair;
+use portcullis_wire::frame::ErrorCode;
 use serde_json::{Value, json};
 
 const SECRET: &str = "hunter2-s3cr3t-value";
@@ -630,7 +630,7 @@ async fn a_running_tool_is_cancelled_by_its_caller_only() {
 async fn ask_once_per_run_is_remembered_for_that_run_only() {
     let Setup { gw, alice, .. } = setup().await;
     let call = json!({"name": "per_run", "arguments": {"a": 1, "b": 1}});
-    let run = |id: &str| portcullis::frame::RequestContext {
+    let run = |id: &str| portcullis_wire::frame::RequestContext {
         run_id: Some(id.to_string()),
         ..Default::default()
     };

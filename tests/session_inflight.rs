@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use portcullis::client::{Client, ClientError, ClientOptions, StreamItem};
 use portcullis::config::Config;
-use portcullis::frame::{ErrorCode, Frame, Request, RequestId};
-use portcullis::server::dispatch::{Call, Provider, Reply};
+use portcullis::provider::{Call, Provider, Reply};
 use portcullis::server::{self, Gateway};
+use portcullis_client::{Client, ClientError, ClientOptions, StreamItem};
 use portcullis_crypto::StaticKeypair;
+use portcullis_wire::frame::{ErrorCode, Frame, Request, RequestId};
 use serde_json::{Value, json};
 
 const SECOND: Duration = Duration::from_secs(1);

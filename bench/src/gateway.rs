@@ -7,7 +7,7 @@ use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use portcullis::client::{Client, ClientError, ClientOptions};
+use portcullis_client::{Client, ClientError, ClientOptions};
 use portcullis_crypto::{PublicKey, StaticKeypair};
 
 pub struct Gateway {
@@ -40,10 +40,10 @@ impl Gateway {
     pub fn start(dir: &Path) -> Result<Self, String> {
         let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
         std::fs::create_dir_all(dir.join("root")).map_err(|e| fail("the bench directory", &e))?;
-        let gateway_key = portcullis::keyfile::generate(&dir.join("gateway.key"), true)
+        let gateway_key = portcullis_wire::keyfile::generate(&dir.join("gateway.key"), true)
             .map_err(|e| fail("the gateway key", &e))?;
         let identity_file = dir.join("client.key");
-        let identity = portcullis::keyfile::generate(&identity_file, true)
+        let identity = portcullis_wire::keyfile::generate(&identity_file, true)
             .map_err(|e| fail("the client key", &e))?;
         let root = dir.join("root");
         let policy = format!(

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use portcullis::client::Client;
+use portcullis_client::Client;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use portcullis::files::confine::Root;
+use portcullis_confine::Root;
 use portcullis_policy::path::normalize;
 use portcullis_policy::{FileTerms, Mode};
 use rustix::fs::{Mode as FileMode, OFlags};

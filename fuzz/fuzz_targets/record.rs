@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use portcullis::frame::RequestId;
-use portcullis::record::{self, Record};
+use portcullis_wire::frame::RequestId;
+use portcullis_wire::record::{self, Record};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(decoded) = record::decode(data) else {

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use portcullis::client::{Client, ClientOptions};
-use portcullis::{client_config, keyfile};
+use portcullis_client::config as client_config;
+use portcullis_client::{Client, ClientOptions};
 use portcullis_crypto::PublicKey;
+use portcullis_wire::keyfile;
 use zeroize::Zeroizing;
 
 use crate::cli::{fail, runtime};

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use portcullis::keyfile;
+use portcullis_wire::keyfile;
 
 pub const DEMO_ADDR: &str = "127.0.0.1:7443";
 

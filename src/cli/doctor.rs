@@ -124,7 +124,7 @@ fn check_installation(config: &Config, report: &mut Report) {
 
 fn check_key(config: &Config, report: &mut Report) {
     let path = &config.key_file;
-    match portcullis::keyfile::load(path) {
+    match portcullis_wire::keyfile::load(path) {
         Ok(key) => {
             let mode = std::fs::metadata(path).map_or(0, |m| m.permissions().mode());
             if mode & 0o077 != 0 {

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use portcullis::client::{Client, StreamItem};
-use portcullis::client_files::UploadOptions;
+use portcullis_client::UploadOptions;
+use portcullis_client::{Client, StreamItem};
 use serde_json::{Value, json};
 
 use crate::cli::connect::Target;
@@ -189,28 +189,30 @@ where
     F: AsyncFnOnce(&Client) -> Result<ExitCode, String>,
 {
     let result = runtime().and_then(|rt| {
-        rt.block_on(async {
+        let result = rt.block_on(async {
             let client = target.connect().await?;
             client.accept_all().await.map_err(|e| e.to_string())?;
             verb(&client).await
-        })
+        });
+        // An upload refused early may leave its reader thread waiting on
+        // stdin; dropping the runtime would wait for it forever.
+        rt.shutdown_timeout(std::time::Duration::from_millis(100));
+        result
     });
     result.unwrap_or_else(fail)
 }
 
-fn request_error(e: portcullis::client::ClientError) -> String {
+fn request_error(e: portcullis_client::ClientError) -> String {
     e.to_string()
 }
 
 pub fn cat(args: Cat) -> ExitCode {
     with_client(&args.target, async |client| {
-        let mut out = std::io::stdout().lock();
         let (root, path) = (&args.remote.root, &args.remote.path);
         client
-            .download(root, path, &mut out, false, &mut |_| {})
+            .download(root, path, std::io::stdout(), false, &mut |_| {})
             .await
             .map_err(request_error)?;
-        out.flush().map_err(|e| format!("stdout: {e}"))?;
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -232,14 +234,14 @@ pub fn get(args: Get) -> ExitCode {
             ".{}.portcullis-part",
             local.file_name().unwrap_or_default().to_string_lossy()
         ));
-        let mut file =
+        let file =
             std::fs::File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
         let mut meter = Meter::new(show, size);
         let (root, path) = (&args.remote.root, &args.remote.path);
         let result = client
-            .download(root, path, &mut file, args.sha256, &mut |n| meter.update(n))
+            .download(root, path, file, args.sha256, &mut |n| meter.update(n))
             .await;
-        let finished = result.map_err(request_error).and_then(|result| {
+        let finished = result.map_err(request_error).and_then(|(result, file)| {
             if args.fsync {
                 file.sync_all()
                     .map_err(|e| format!("{}: {e}", partial.display()))?;
@@ -261,17 +263,18 @@ pub fn get(args: Get) -> ExitCode {
 
 pub fn put(args: Put) -> ExitCode {
     let show = args.progress || std::io::stderr().is_terminal();
-    let (mut input, size): (Box<dyn std::io::Read>, Option<u64>) = if args.local == Path::new("-") {
-        (Box::new(std::io::stdin().lock()), None)
-    } else {
-        match std::fs::File::open(&args.local) {
-            Ok(file) => {
-                let size = file.metadata().ok().map(|m| m.len());
-                (Box::new(std::io::BufReader::new(file)), size)
+    let (input, size): (Box<dyn std::io::Read + Send>, Option<u64>) =
+        if args.local == Path::new("-") {
+            (Box::new(std::io::stdin()), None)
+        } else {
+            match std::fs::File::open(&args.local) {
+                Ok(file) => {
+                    let size = file.metadata().ok().map(|m| m.len());
+                    (Box::new(std::io::BufReader::new(file)), size)
+                }
+                Err(e) => return fail(format!("{}: {e}", args.local.display())),
             }
-            Err(e) => return fail(format!("{}: {e}", args.local.display())),
-        }
-    };
+        };
     with_client(&args.target, async |client| {
         let mut meter = Meter::new(show, size);
         let (root, path) = (&args.remote.root, &args.remote.path);
@@ -281,7 +284,7 @@ pub fn put(args: Put) -> ExitCode {
             sha256: args.sha256,
         };
         let result = client
-            .upload(root, path, &mut input, options, &mut |n| meter.update(n))
+            .upload(root, path, input, options, &mut |n| meter.update(n))
             .await
             .map_err(request_error)?;
         meter.done(&result, args.json);

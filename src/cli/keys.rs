@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use portcullis_crypto::PublicKey;
 
 use crate::cli::fail;
-use portcullis::keyfile;
+use portcullis_wire::keyfile;
 
 pub fn generate(file: &Path, force: bool, json: bool) -> ExitCode {
     match keyfile::generate(file, force) {

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use portcullis::config::Config;
-use portcullis::keyfile;
 use portcullis::server::{self, Gateway};
 use portcullis::systemd;
 use portcullis_policy::load_file;
 use portcullis_store::Retain;
+use portcullis_wire::keyfile;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
 

@@ -17,8 +17,8 @@ use std::pin::Pin;
 use std::process::ExitCode;
 
 use base64::Engine as _;
-use portcullis::client::{Client, ClientError, StreamItem};
-use portcullis::record::Channel;
+use portcullis_client::{Client, ClientError, StreamItem};
+use portcullis_wire::record::Channel;
 use serde_json::{Map, Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;

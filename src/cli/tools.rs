@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use portcullis::client::{Client, StreamItem};
+use portcullis_client::{Client, StreamItem};
 use serde_json::{Value, json};
 
 use crate::cli::connect::Target;

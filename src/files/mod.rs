@@ -8,7 +8,6 @@
 //! contents inline in JSON, large ones as chunks on channel 4 (file data).
 //! docs/PROTOCOL.md §7 is the reference for params and results.
 
-pub mod confine;
 mod direct;
 pub mod ops;
 mod quick;
@@ -25,11 +24,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::frame::{ErrorBody, ErrorCode, Request};
-use crate::record::Channel;
-use crate::server::dispatch::{Call, Provider, Reply, StreamSink, Usage};
-use confine::{FileError, Root};
+use crate::provider::{Call, Provider, Reply, StreamSink, Usage};
 use ops::AtomicFile;
+use portcullis_confine::{FileError, Root, RootSpec};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
+use portcullis_wire::record::Channel;
 
 /// Largest inline read, in bytes of file data, before it is fitted to one
 /// response record (JSON escaping can only shrink what fits).
@@ -176,7 +175,7 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
             let flags: Flags = params(&request)?;
             let copy = request.method == "file.copy";
             blocking(move || {
-                let (from_root, to_root) = (Root::open(&from)?, Root::open(&to)?);
+                let (from_root, to_root) = (open_root(&from)?, open_root(&to)?);
                 if copy {
                     ops::copy(
                         &from_root,
@@ -197,7 +196,7 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
             match method {
                 "file.stat" => match ops::stat_cached(&file, &path) {
                     Some(answer) => Ok(answer),
-                    None => quick(move || ops::stat(&Root::open(&file)?, &path)).await,
+                    None => quick(move || ops::stat(&open_root(&file)?, &path)).await,
                 },
                 "file.list" => {
                     let p: ListParams = params(&request)?;
@@ -208,25 +207,23 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
                         limit: p.limit.clamp(1, 10_000),
                         budget: RESPONSE_BUDGET,
                     };
-                    blocking(move || ops::list(&Root::open(&file)?, &path, &how, &cancel)).await
+                    blocking(move || ops::list(&open_root(&file)?, &path, &how, &cancel)).await
                 }
                 "file.mkdir" => {
                     let flags: Flags = params(&request)?;
-                    quick(move || ops::mkdir(&Root::open(&file)?, &path, flags.parents)).await
+                    quick(move || ops::mkdir(&open_root(&file)?, &path, flags.parents)).await
                 }
                 "file.delete" => {
                     let flags: Flags = params(&request)?;
                     blocking(move || {
-                        ops::delete(&Root::open(&file)?, &path, flags.recursive, &cancel)
+                        ops::delete(&open_root(&file)?, &path, flags.recursive, &cancel)
                     })
                     .await
                 }
                 "file.search" => {
                     let p: search::SearchParams = params(&request)?;
-                    blocking(move || {
-                        search::search(&Root::open(&file)?, &path, p, &stream, &cancel)
-                    })
-                    .await
+                    blocking(move || search::search(&open_root(&file)?, &path, p, &stream, &cancel))
+                        .await
                 }
                 "file.watch" => {
                     let p: watch::WatchParams = params(&request)?;
@@ -234,7 +231,7 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
                     let (events, runtime) = (resources.events(), tokio::runtime::Handle::current());
                     let watch_id = id.clone();
                     let (guard, info) = blocking(move || {
-                        let root = Root::open(&file)?;
+                        let root = open_root(&file)?;
                         watch::start(root, &path, p.recursive, &watch_id, events, &runtime)
                     })
                     .await?;
@@ -282,10 +279,37 @@ async fn quick<T: Send + 'static>(
     joined(quick::spawn(op)).await
 }
 
+/// Confinement's view of a granted root.
+pub(crate) fn root_spec(terms: &FileTerms) -> RootSpec<'_> {
+    RootSpec {
+        id: &terms.root,
+        host_root: &terms.host_root,
+        virtual_root: &terms.virtual_root,
+        follow_symlinks: terms.follow_symlinks,
+    }
+}
+
+/// Opens a granted root's directory for one request.
+pub(crate) fn open_root(terms: &FileTerms) -> Result<Root, FileError> {
+    Root::open(&root_spec(terms))
+}
+
+/// A confinement error as the wire says it.
+pub(crate) fn error_body(error: FileError) -> ErrorBody {
+    let code = match &error {
+        FileError::NotFound(_) => ErrorCode::NotFound,
+        FileError::Escapes(_) | FileError::Denied(_) => ErrorCode::PermissionDenied,
+        FileError::Invalid(_) => ErrorCode::InvalidRequest,
+        FileError::Io(_) => ErrorCode::ProviderError,
+        FileError::Cancelled => ErrorCode::Cancelled,
+    };
+    ErrorBody::new(code, error.message())
+}
+
 /// A file operation's answer, once its thread is done with it.
 async fn joined<T>(operation: JoinHandle<Result<T, FileError>>) -> Result<T, ErrorBody> {
     match operation.await {
-        Ok(result) => result.map_err(FileError::into_body),
+        Ok(result) => result.map_err(error_body),
         Err(e) => {
             // A panic is a bug in the operation: its message is for the
             // operator's log, not for the peer.
@@ -307,7 +331,7 @@ async fn read(
 ) -> Result<Value, ErrorBody> {
     let stream = p.stream;
     let op = move || {
-        let root = Root::open(&file)?;
+        let root = open_root(&file)?;
         let (handle, size) = ops::open_read(&root, &file.path)?;
         let offset = p.offset.min(size);
         let available = size - offset;
@@ -451,7 +475,7 @@ async fn write(
     }
     let mut input = input;
     blocking(move || {
-        let root = Root::open(&file)?;
+        let root = open_root(&file)?;
         let vpath = root.virtual_path(&file.path);
         let mut sink: Box<dyn Sink> = if append {
             Box::new(Appender::open(&root, &file.path, p.sha256)?)
@@ -574,8 +598,20 @@ impl Sink for Appender {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A rw root at `dir`, as the policy's terms name it.
+    pub(crate) fn terms(dir: &std::path::Path, follow: bool) -> FileTerms {
+        FileTerms {
+            root: "main".into(),
+            path: String::new(),
+            mode: portcullis_policy::Mode::Rw,
+            host_root: dir.to_path_buf(),
+            virtual_root: "/workspace/main".into(),
+            follow_symlinks: follow,
+        }
+    }
 
     /// A panicking operation answers with an error, and the quick threads
     /// keep serving: more panics than threads, then results again.
@@ -604,7 +640,7 @@ mod tests {
         let answer = quick(|| -> Result<(), FileError> { Err(FileError::Cancelled) }).await;
         assert_eq!(
             answer.unwrap_err().code,
-            FileError::Cancelled.into_body().code
+            error_body(FileError::Cancelled).code
         );
     }
 

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::confine::{FileError, Root};
 use super::direct::Staging;
+use portcullis_confine::{FileError, Root};
 
 /// Deepest directory nesting `list` and recursive `delete` walk into.
 pub const MAX_DEPTH: usize = 64;
@@ -99,7 +99,7 @@ pub fn stat(root: &Root, path: &str) -> Result<Value, FileError> {
 ///
 /// Any error falls through as well, so [`stat`] words every error.
 pub fn stat_cached(terms: &FileTerms, path: &str) -> Option<Value> {
-    let root = Root::open_cached(terms)?;
+    let root = Root::open_cached(&crate::files::root_spec(terms))?;
     let fd = root.open_cached_at(path, OFlags::PATH | OFlags::NOFOLLOW)?;
     let flags = AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC;
     let needed = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::SIZE | StatxFlags::MTIME;
@@ -814,7 +814,7 @@ impl HashPipe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::confine::tests::terms;
+    use crate::files::tests::terms;
     use std::os::unix::fs::symlink;
     use std::path::Path;
 
@@ -834,7 +834,7 @@ mod tests {
         symlink("file", dir.join("link")).unwrap();
         symlink("../outside", dir.join("up")).unwrap();
         let granted = terms(&dir, false);
-        let root = Root::open(&granted).unwrap();
+        let root = crate::files::open_root(&granted).unwrap();
         let block_device = on_a_block_device(&dir);
         for path in ["", "sub", "file", "link", "up"] {
             let slow = stat(&root, path).unwrap();
@@ -860,7 +860,7 @@ mod tests {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(dir.join("file"), "x").unwrap();
             let granted = terms(&dir, false);
-            assert!(stat(&Root::open(&granted).unwrap(), "file").is_ok());
+            assert!(stat(&crate::files::open_root(&granted).unwrap(), "file").is_ok());
             assert_eq!(stat_cached(&granted, "file"), None);
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -873,7 +873,7 @@ mod tests {
     fn a_file_written_across_the_direct_write_point_arrives_whole() {
         let base = std::env::temp_dir().join(format!("portcullis-direct-{}", std::process::id()));
         std::fs::create_dir_all(&base).unwrap();
-        let root = Root::open(&terms(&base, false)).unwrap();
+        let root = crate::files::open_root(&terms(&base, false)).unwrap();
         let from = DIRECT_FROM as usize;
         let sizes = [
             0,

@@ -18,9 +18,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::confine::{FileError, Root};
 use super::ops::{Step, Tree};
-use crate::server::dispatch::StreamSink;
+use crate::provider::StreamSink;
+use portcullis_confine::{FileError, Root};
 
 /// Longest pattern accepted, in bytes.
 const MAX_PATTERN: usize = 4096;

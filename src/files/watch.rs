@@ -31,9 +31,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::confine::{FileError, Root};
 use super::ops::{MAX_DEPTH, Step, Tree};
 use crate::server::resources::EventSink;
+use portcullis_confine::{FileError, Root};
 
 /// Directories one recursive watch follows; beyond it the watch reports
 /// itself incomplete and overflows.

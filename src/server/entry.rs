@@ -5,8 +5,8 @@ use portcullis_policy::{Denial, Target};
 use portcullis_store::{Record as AuditRecord, Status};
 use serde_json::Value;
 
-use crate::frame::{ErrorBody, ErrorCode};
-use crate::server::dispatch::Usage;
+use crate::provider::Usage;
+use portcullis_wire::frame::{ErrorBody, ErrorCode};
 
 /// Methods that get an audit entry when they start as well as when they end.
 pub const LONG_RUNNING: &[&str] = &[

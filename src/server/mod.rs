@@ -1,11 +1,10 @@
 //! The daemon: TCP listeners, HTTP/1.1 with hyper, the WebSocket upgrade at
-//! [`RELAY_PATH`](crate::channel::RELAY_PATH), and a session per upgraded
+//! [`RELAY_PATH`](portcullis_wire::channel::RELAY_PATH), and a session per upgraded
 //! connection. Every accepted socket gets `TCP_NODELAY`, holds one of
 //! `max_connections` permits, and must send its request head within
 //! `header_timeout`.
 
 pub mod admin;
-pub mod dispatch;
 pub mod entry;
 pub mod metrics;
 pub mod query;
@@ -35,7 +34,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tracing::{debug, info};
 
-use crate::channel::{RELAY_PATH, ws_config};
+use portcullis_wire::channel::{RELAY_PATH, ws_config};
 pub use state::Gateway;
 
 /// Accepts connections on `listener` until shutdown.

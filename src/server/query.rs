@@ -5,7 +5,7 @@
 use portcullis_policy::{Query, Target};
 use serde_json::{Map, Value};
 
-use crate::frame::{ErrorBody, ErrorCode, Request};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 
 pub fn query_for(request: &Request) -> Result<Query, ErrorBody> {
     let p = &request.params;
@@ -152,7 +152,7 @@ fn optional_string(params: &Map<String, Value>, key: &str) -> Result<Option<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::RequestId;
+    use portcullis_wire::frame::RequestId;
     use serde_json::json;
 
     fn request(method: &str, params: Value) -> Request {

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
 
-use crate::frame::{ErrorBody, ErrorCode, Event, Frame, Request};
-use crate::server::dispatch::{Call, Outbound, Outbox, Provider, Reply, SessionGone};
+use crate::provider::{Call, Outbound, Outbox, Provider, Reply, SessionGone};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Frame, Request};
 
 /// Resources one session may hold at once.
 pub const MAX_PER_SESSION: usize = 16;

@@ -34,18 +34,18 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::channel::{self, ChannelError, RecordReader, RecordWriter};
-use crate::frame::{
-    self, ErrorBody, ErrorCode, Event, Frame, Heartbeat, Hello, PROTOCOL, Request, RequestId,
-    Response,
-};
-use crate::record::{self, Channel, ChunkRecord, Record, RecordError};
-use crate::server::dispatch::{Call, Outbound, Outbox, StartEntry, StreamSink, Usage};
+use crate::provider::{Call, Outbound, Outbox, StartEntry, StreamSink, Usage};
 use crate::server::entry::{self, LONG_RUNNING, code_name, describe_target, error_code};
 use crate::server::query::{query_for, still_allowed};
 use crate::server::resources::SessionResources;
 use crate::server::state::{Gateway, SessionInfo};
 use crate::tools::approvals::{Ask, record_outcome};
+use portcullis_wire::channel::{self, ChannelError, RecordReader, RecordWriter};
+use portcullis_wire::frame::{
+    self, ErrorBody, ErrorCode, Event, Frame, Heartbeat, Hello, PROTOCOL, Request, RequestId,
+    Response,
+};
+use portcullis_wire::record::{self, Channel, ChunkRecord, Record, RecordError};
 
 /// Records queued for the writer before producers wait.
 const OUTBOX_CAPACITY: usize = 64;

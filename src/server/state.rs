@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use portcullis_store::{AuditLog, Kind, Record};
 
 use crate::config::Config;
-use crate::server::dispatch::Dispatcher;
+use crate::provider::Dispatcher;
 
 pub struct Gateway {
     pub config: Config,

@@ -16,7 +16,6 @@
 mod pool;
 pub mod process;
 mod pty;
-pub mod sandbox;
 mod start;
 
 use std::collections::HashMap;
@@ -34,11 +33,10 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
-use crate::files::confine::Root;
 use crate::files::{Encoding, RESPONSE_BUDGET, fit_inline};
-use crate::frame::{ErrorBody, ErrorCode, Request};
-use crate::server::dispatch::{Call, Provider, Reply, StartEntry};
-use sandbox::Mechanism;
+use crate::provider::{Call, Provider, Reply, StartEntry};
+use portcullis_sandbox::{self as sandbox, Mechanism};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 
 /// How long the pipes may stay open after the process group was killed (a
 /// process that left the group with `setsid` could hold them).
@@ -697,7 +695,12 @@ struct WorkingDir(Option<std::os::fd::OwnedFd>);
 impl WorkingDir {
     fn open(terms: &ShellTerms) -> Result<Self, ErrorBody> {
         match &terms.cwd {
-            Some(file) => Ok(Self(Some(Root::open_dir(file).map_err(|e| e.into_body())?))),
+            Some(file) => {
+                let dir =
+                    portcullis_confine::Root::open_dir(&crate::files::root_spec(file), &file.path)
+                        .map_err(crate::files::error_body)?;
+                Ok(Self(Some(dir)))
+            }
             None => Ok(Self(None)),
         }
     }

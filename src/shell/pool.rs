@@ -35,7 +35,7 @@ use tokio::process::{Child, Command};
 use tokio::runtime::Handle;
 
 use super::{launcher_path, provider_error};
-use crate::frame::ErrorBody;
+use portcullis_wire::frame::ErrorBody;
 
 /// Idle launchers kept: enough for commands run one after another, or two
 /// at a time, to find one waiting.

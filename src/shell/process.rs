@@ -24,11 +24,11 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::frame::{ErrorBody, ErrorCode, Request};
-use crate::record::Channel;
+use crate::provider::{SessionGone, StreamSink};
 use crate::server::Gateway;
-use crate::server::dispatch::{SessionGone, StreamSink};
 use crate::server::resources::EventSink;
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
+use portcullis_wire::record::Channel;
 
 /// Output a process keeps for readers who are behind or away.
 pub const RING_BYTES: usize = 1 << 20;

@@ -25,9 +25,9 @@ use super::{
     Io, drained, exit_result, invalid, params, provider_error, shell_terms, spawn, time_limit,
 };
 use crate::files::Encoding;
-use crate::frame::{ErrorBody, ErrorCode};
-use crate::record::Channel;
-use crate::server::dispatch::{Call, StartEntry};
+use crate::provider::{Call, StartEntry};
+use portcullis_wire::frame::{ErrorBody, ErrorCode};
+use portcullis_wire::record::Channel;
 
 #[derive(Deserialize)]
 struct StartParams {

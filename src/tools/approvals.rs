@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::frame::{ErrorBody, ErrorCode, Request};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 
 /// Parked calls at most (more are refused at once).
 const MAX_PENDING: usize = 1024;

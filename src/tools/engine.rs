@@ -19,7 +19,7 @@ use rhai::{Dynamic, Engine, EvalAltResult, ParseErrorType, Position};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::frame::{ErrorBody, ErrorCode};
+use portcullis_wire::frame::{ErrorBody, ErrorCode};
 
 /// Variables a script may define (not in the grant: a program that needs
 /// more is not the small program scripts are for).

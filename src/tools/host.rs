@@ -23,11 +23,11 @@ use super::approvals::{Ask, record_outcome};
 use super::engine::{self, Watch};
 use super::registry::{CompiledTool, Registry, Secrets};
 use super::{invalid, provider_error};
-use crate::frame::{ErrorBody, ErrorCode, Request, RequestId};
+use crate::provider::{Call, StartEntry, StreamSink, Usage};
 use crate::server::Gateway;
-use crate::server::dispatch::{Call, StartEntry, StreamSink, Usage};
 use crate::server::entry;
 use crate::server::resources::SessionResources;
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Request, RequestId};
 
 /// A tool runs with these limits (bounded, besides, by its caller's
 /// deadline).

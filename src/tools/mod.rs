@@ -28,9 +28,9 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::frame::{ErrorBody, ErrorCode};
-use crate::server::dispatch::{Call, Provider, Reply};
+use crate::provider::{Call, Provider, Reply};
 pub use host::Host;
+use portcullis_wire::frame::{ErrorBody, ErrorCode};
 
 pub struct Tools;
 

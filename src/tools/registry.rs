@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
 
 use super::engine;
-use crate::frame::{ErrorBody, ErrorCode};
+use portcullis_wire::frame::{ErrorBody, ErrorCode};
 
 /// Longest tool script read from disk.
 const MAX_SCRIPT_BYTES: u64 = 1 << 20;

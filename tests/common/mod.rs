@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use portcullis::client::{Client, ClientError, ClientOptions};
-use portcullis::keyfile;
+use portcullis_client::{Client, ClientError, ClientOptions};
 use portcullis_crypto::{Handshake, PROLOGUE, PublicKey, StaticKeypair, Transport};
+use portcullis_wire::keyfile;
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;

@@ -9,14 +9,32 @@
 //!
 //! The policy has already normalised the path (no `..`, no absolute part);
 //! this is the second, independent line. Errors carry virtual paths only.
+//!
+//! Architecture invariant: rustix only. The daemon's file provider and the
+//! command launcher (a command's working directory) both open paths here,
+//! so there is one implementation of the check.
+
+#![forbid(unsafe_code)]
 
 use std::os::fd::OwnedFd;
+use std::path::Path;
 
-use portcullis_policy::FileTerms;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
-use crate::frame::{ErrorBody, ErrorCode};
+/// A granted root as confinement needs it: where it is on the host, what
+/// clients call it, and whether symlinks inside it may be followed.
+#[derive(Debug, Clone, Copy)]
+pub struct RootSpec<'a> {
+    /// The root's id (in errors about the root itself).
+    pub id: &'a str,
+    /// The directory on the host: the operator's, opened as written.
+    pub host_root: &'a Path,
+    /// What clients call the root's directory.
+    pub virtual_root: &'a str,
+    /// Symlinks that stay beneath the root may be followed.
+    pub follow_symlinks: bool,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileError {
@@ -31,13 +49,15 @@ pub enum FileError {
 }
 
 impl FileError {
-    pub fn into_body(self) -> ErrorBody {
+    /// What the error says, for a person (a virtual path, never a host one).
+    pub fn message(&self) -> &str {
         match self {
-            Self::NotFound(m) => ErrorBody::new(ErrorCode::NotFound, m),
-            Self::Escapes(m) | Self::Denied(m) => ErrorBody::new(ErrorCode::PermissionDenied, m),
-            Self::Invalid(m) => ErrorBody::new(ErrorCode::InvalidRequest, m),
-            Self::Io(m) => ErrorBody::new(ErrorCode::ProviderError, m),
-            Self::Cancelled => ErrorBody::new(ErrorCode::Cancelled, "the request was cancelled"),
+            Self::NotFound(m)
+            | Self::Escapes(m)
+            | Self::Denied(m)
+            | Self::Invalid(m)
+            | Self::Io(m) => m,
+            Self::Cancelled => "the request was cancelled",
         }
     }
 
@@ -83,11 +103,11 @@ pub struct Root {
 impl Root {
     /// Opens the root's directory. The host path is the operator's, so it
     /// is opened as written; everything below it is confined.
-    pub fn open(terms: &FileTerms) -> Result<Self, FileError> {
+    pub fn open(terms: &RootSpec<'_>) -> Result<Self, FileError> {
         let dir = open_root_dir(terms, ResolveFlags::empty()).map_err(|e| {
             FileError::Io(format!(
                 "root `{}` is not available on this host ({})",
-                terms.root,
+                terms.id,
                 e.kind()
             ))
         })?;
@@ -98,12 +118,12 @@ impl Root {
     /// lookup cache alone (`RESOLVE_CACHED`: a path walk that fails rather
     /// than read a directory or ask a file server); `None` otherwise, or
     /// on any error (then [`Self::open`] says what went wrong).
-    pub fn open_cached(terms: &FileTerms) -> Option<Self> {
+    pub fn open_cached(terms: &RootSpec<'_>) -> Option<Self> {
         let dir = open_root_dir(terms, ResolveFlags::CACHED).ok()?;
         Some(Self::with_dir(terms, dir))
     }
 
-    fn with_dir(terms: &FileTerms, dir: OwnedFd) -> Self {
+    fn with_dir(terms: &RootSpec<'_>, dir: OwnedFd) -> Self {
         let mut resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
         if !terms.follow_symlinks {
             resolve |= ResolveFlags::NO_SYMLINKS;
@@ -111,16 +131,16 @@ impl Root {
         Self {
             dir,
             resolve,
-            virtual_root: terms.virtual_root.clone(),
-            id: terms.root.clone(),
+            virtual_root: terms.virtual_root.to_string(),
+            id: terms.id.to_string(),
         }
     }
 
-    /// The directory `terms.path` beneath the root, opened `O_PATH`: a
+    /// The directory `path` beneath the root, opened `O_PATH`: a
     /// command's working directory.
-    pub fn open_dir(terms: &FileTerms) -> Result<OwnedFd, FileError> {
+    pub fn open_dir(terms: &RootSpec<'_>, path: &str) -> Result<OwnedFd, FileError> {
         let flags = OFlags::PATH | OFlags::DIRECTORY;
-        Self::open(terms)?.open_at(&terms.path, flags, Mode::empty())
+        Self::open(terms)?.open_at(path, flags, Mode::empty())
     }
 
     pub fn id(&self) -> &str {
@@ -206,11 +226,11 @@ impl Root {
 
 /// The root's own directory, `O_PATH`, for [`Root::open`] (`resolve`
 /// empty) and [`Root::open_cached`] (`RESOLVE_CACHED`).
-fn open_root_dir(terms: &FileTerms, resolve: ResolveFlags) -> Result<OwnedFd, Errno> {
+fn open_root_dir(terms: &RootSpec<'_>, resolve: ResolveFlags) -> Result<OwnedFd, Errno> {
     let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
     rustix::fs::openat2(
         rustix::fs::CWD,
-        &terms.host_root,
+        terms.host_root,
         flags,
         Mode::empty(),
         resolve,
@@ -218,17 +238,15 @@ fn open_root_dir(terms: &FileTerms, resolve: ResolveFlags) -> Result<OwnedFd, Er
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
-    pub(in crate::files) fn terms(dir: &std::path::Path, follow: bool) -> FileTerms {
-        FileTerms {
-            root: "main".into(),
-            path: String::new(),
-            mode: portcullis_policy::Mode::Rw,
-            host_root: dir.to_path_buf(),
-            virtual_root: "/workspace/main".into(),
+    fn terms(dir: &std::path::Path, follow: bool) -> RootSpec<'_> {
+        RootSpec {
+            id: "main",
+            host_root: dir,
+            virtual_root: "/workspace/main",
             follow_symlinks: follow,
         }
     }
@@ -261,12 +279,10 @@ pub(super) mod tests {
         ] {
             let err = root.open_at(path, read, Mode::empty()).unwrap_err();
             assert!(matches!(err, FileError::Escapes(_)), "{path}: {err:?}");
-            let body = err.into_body();
-            assert_eq!(body.code, ErrorCode::PermissionDenied);
             assert!(
-                !body.message.contains(&*base.to_string_lossy()),
+                !err.message().contains(&*base.to_string_lossy()),
                 "{}",
-                body.message
+                err.message()
             );
         }
         assert!(following.open_at("in", read, Mode::empty()).is_ok());

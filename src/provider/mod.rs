@@ -16,9 +16,9 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::frame::{ErrorBody, ErrorCode, Frame, Request, RequestId, Stream};
-use crate::record::{Channel, ChunkRecord};
 use crate::server::resources::SessionResources;
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Frame, Request, RequestId, Stream};
+use portcullis_wire::record::{Channel, ChunkRecord};
 
 /// What a session sends, in order, through its bounded outbox. A full
 /// outbox makes producers wait: that is the back-pressure from a slow peer.

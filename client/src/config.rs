@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use portcullis_crypto::{PublicKey, StaticKeypair};
 use serde::{Deserialize, Serialize};
 
-use crate::keyfile;
+use portcullis_wire::keyfile;
 
 /// The directory, or `None` when neither `XDG_CONFIG_HOME` nor `HOME` is set.
 pub fn dir() -> Option<PathBuf> {

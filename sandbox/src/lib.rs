@@ -46,18 +46,22 @@
 //! is durable, so the sandbox is set up while the entry is written but the
 //! program never runs unaudited (end of input instead: the launcher exits).
 //! `--stdin-null` then gives the program /dev/null as its stdin.
+//!
+//! Architecture invariant: this crate never depends on the daemon, the
+//! wire or the policy; the daemon uses its library for the launcher's
+//! arguments ([`encode_args`], [`RELEASE`], [`Mechanism`], [`Limit`]).
+
+#![forbid(unsafe_code)]
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use portcullis_policy::FileTerms;
-
-use crate::files::confine::Root;
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
+use portcullis_confine::{Root, RootSpec};
 
 /// Exit status when the sandbox could not be set up (the program never
 /// ran); 126/127 follow the shells' "cannot execute" / "not found".
@@ -76,6 +80,15 @@ const SYSTEM_WRITE: &[&str] = &["/dev/null", "/dev/zero", "/dev/tty", "/dev/full
 /// The newest Landlock ABI whose filesystem rights are asked for (where
 /// the kernel has them; see [`landlock`]).
 const NEWEST: ABI = ABI::V5;
+
+/// `--cwd`: a directory beneath a root, opened the way the daemon opens a
+/// request's paths.
+#[derive(Debug)]
+struct WorkingDir {
+    host_root: PathBuf,
+    path: String,
+    follow_symlinks: bool,
+}
 
 #[derive(Debug, Default)]
 pub struct SandboxArgs {
@@ -100,7 +113,7 @@ pub struct SandboxArgs {
     /// Added to the launcher's environment, which the daemon starts empty.
     env: Vec<(OsString, OsString)>,
     /// The working directory (otherwise the launcher's own).
-    cwd: Option<FileTerms>,
+    cwd: Option<WorkingDir>,
     /// The program (an absolute path) and its arguments.
     command: Vec<OsString>,
 }
@@ -139,13 +152,9 @@ impl SandboxArgs {
                     let host_root = args.next().ok_or("--cwd needs ROOT PATH")?.into();
                     let path = args.next().ok_or("--cwd needs ROOT PATH")?;
                     let path = path.into_string().map_err(|_| "--cwd: PATH is not UTF-8")?;
-                    // Errors name the path only, as the daemon's do.
-                    parsed.cwd = Some(FileTerms {
-                        root: String::new(),
-                        path,
-                        mode: portcullis_policy::Mode::Ro,
+                    parsed.cwd = Some(WorkingDir {
                         host_root,
-                        virtual_root: String::new(),
+                        path,
                         follow_symlinks: false,
                     });
                 }
@@ -339,9 +348,16 @@ fn run(args: SandboxArgs, prepared: Prepared, in_own_session: bool) -> ExitCode 
 
 /// Changes into `--cwd`, opened beneath its root the way the daemon opens
 /// a request's paths (so a symlink swapped in cannot lead outside).
-fn change_dir(cwd: &FileTerms) -> Result<(), String> {
-    let dir = Root::open_dir(cwd)
-        .map_err(|e| format!("the working directory: {}", e.into_body().message))?;
+fn change_dir(cwd: &WorkingDir) -> Result<(), String> {
+    // Errors name the path only, as the daemon's do.
+    let root = RootSpec {
+        id: "",
+        host_root: &cwd.host_root,
+        virtual_root: "",
+        follow_symlinks: cwd.follow_symlinks,
+    };
+    let dir = Root::open_dir(&root, &cwd.path)
+        .map_err(|e| format!("the working directory: {}", e.message()))?;
     rustix::process::fchdir(&dir).map_err(|e| format!("the working directory: {e}"))
 }
 

@@ -3,14 +3,19 @@
 //! cancellation). The bundled CLI and the end-to-end tests use it.
 //!
 //! ```no_run
-//! # async fn demo(gateway_key: portcullis_crypto::PublicKey) -> Result<(), portcullis::client::ClientError> {
-//! use portcullis::client::{Client, ClientOptions};
+//! # async fn demo(gateway_key: portcullis_crypto::PublicKey) -> Result<(), portcullis_client::ClientError> {
+//! use portcullis_client::{Client, ClientOptions};
 //! let identity = portcullis_crypto::StaticKeypair::generate().unwrap();
 //! let client = Client::connect(ClientOptions::new("ws://127.0.0.1:7443", gateway_key, identity)).await?;
 //! client.accept_all().await?;
 //! let resources = client.request("resource.list", serde_json::json!({})).await?;
 //! # Ok(()) }
 //! ```
+//!
+//! Architecture invariant: this crate depends on `portcullis-wire`,
+//! `portcullis-crypto`, tokio and rustls only — never on the daemon.
+
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,11 +31,19 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use zeroize::Zeroizing;
 
-use crate::channel::{self, ChannelError, RELAY_PATH};
-use crate::frame::{
+use portcullis_wire::channel::{self, ChannelError, RELAY_PATH};
+use portcullis_wire::frame::{
     Cancel, ErrorBody, Event, Frame, Heartbeat, Hello, Request, RequestContext, RequestId, Response,
 };
-use crate::record::{self, Channel, Record};
+use portcullis_wire::record::{self, Channel, Record};
+
+pub mod config;
+mod files;
+pub mod tls;
+
+pub use files::UploadOptions;
+/// The wire types this library's API speaks in.
+pub use portcullis_wire as wire;
 
 pub struct ClientOptions {
     /// `ws://host:port`, optionally with the relay path.
@@ -46,7 +59,16 @@ pub struct ClientOptions {
     /// For `wss://`: the CA certificate(s), PEM, that the gateway's TLS
     /// certificate must chain to. Required for `wss://`.
     pub tls_ca: Option<std::path::PathBuf>,
+    /// Events held for [`Client::next_event`] before newer ones are
+    /// counted as lost (and reported as [`EVENTS_LOST`]) rather than
+    /// stall responses behind them.
+    pub event_queue: usize,
 }
+
+/// The event [`Client::next_event`] yields where events were lost because
+/// its queue was full: `payload.count` says how many, and it stands where
+/// they would have been.
+pub const EVENTS_LOST: &str = "client.events_lost";
 
 impl ClientOptions {
     pub fn new(url: &str, gateway_key: PublicKey, identity: StaticKeypair) -> Self {
@@ -57,6 +79,7 @@ impl ClientOptions {
             token: None,
             timeout: Duration::from_secs(10),
             tls_ca: None,
+            event_queue: 256,
         }
     }
 }
@@ -95,6 +118,43 @@ pub enum StreamItem {
     Chunk { channel: Channel, data: Bytes },
 }
 
+/// What the event queue holds: an event, or how many were lost at this
+/// place because the queue was full.
+enum Queued {
+    Event(Event),
+    Lost(u64),
+}
+
+/// The reader's side of the event queue: it never waits for the
+/// application (a response behind an unread event would stall), so a full
+/// queue loses events and says how many, in place.
+struct EventQueue {
+    tx: mpsc::Sender<Queued>,
+    /// Lost since the last report; [`Client::next_event`] reports them
+    /// itself once it has read everything queued before them.
+    unreported: Arc<AtomicU64>,
+    /// Lost in all.
+    lost: Arc<AtomicU64>,
+}
+
+impl EventQueue {
+    fn push(&mut self, event: Event) {
+        let unreported = self.unreported.swap(0, Ordering::AcqRel);
+        if unreported > 0 && self.tx.try_send(Queued::Lost(unreported)).is_err() {
+            self.unreported.fetch_add(unreported, Ordering::AcqRel);
+            return self.lose();
+        }
+        if self.tx.try_send(Queued::Event(event)).is_err() {
+            self.lose();
+        }
+    }
+
+    fn lose(&mut self) {
+        self.unreported.fetch_add(1, Ordering::AcqRel);
+        self.lost.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 struct Pending {
     response: oneshot::Sender<Response>,
     stream: mpsc::Sender<StreamItem>,
@@ -111,7 +171,9 @@ pub struct Client {
     gateway_info: Value,
     outbox: mpsc::Sender<Vec<u8>>,
     shared: Arc<Mutex<Shared>>,
-    events: tokio::sync::Mutex<mpsc::Receiver<Event>>,
+    events: tokio::sync::Mutex<mpsc::Receiver<Queued>>,
+    events_lost: Arc<AtomicU64>,
+    events_unreported: Arc<AtomicU64>,
     next_id: AtomicU64,
     closed: watch::Receiver<Option<String>>,
     reader_task: tokio::task::JoinHandle<()>,
@@ -153,7 +215,7 @@ impl Client {
                     .into(),
             )
         })?;
-        let connector = crate::tls::connector(ca).map_err(ClientError::Tls)?;
+        let connector = tls::connector(ca).map_err(ClientError::Tls)?;
         let name = rustls::pki_types::ServerName::try_from(target.host.clone())
             .map_err(|_| ClientError::Url(options.url.clone()))?;
         let tls = connector
@@ -201,7 +263,13 @@ impl Client {
         };
 
         let (outbox, mut outbox_rx) = mpsc::channel::<Vec<u8>>(64);
-        let (events_tx, events_rx) = mpsc::channel(256);
+        let (events_tx, events_rx) = mpsc::channel(options.event_queue.max(1));
+        let (events_lost, events_unreported) = (Arc::default(), Arc::default());
+        let mut events_tx = EventQueue {
+            tx: events_tx,
+            unreported: Arc::clone(&events_unreported),
+            lost: Arc::clone(&events_lost),
+        };
         let (closed_tx, closed) = watch::channel(None);
         let shared = Arc::new(Mutex::new(Shared::default()));
 
@@ -223,7 +291,7 @@ impl Client {
             let reason = loop {
                 match reader.recv_pooled(&buffers).await {
                     Ok(plaintext) => {
-                        route(plaintext, &reader_shared, &events_tx, &reader_outbox).await
+                        route(plaintext, &reader_shared, &mut events_tx, &reader_outbox).await
                     }
                     Err(e) => break e.to_string(),
                 }
@@ -241,6 +309,8 @@ impl Client {
             outbox,
             shared,
             events: tokio::sync::Mutex::new(events_rx),
+            events_lost,
+            events_unreported,
             next_id: AtomicU64::new(1),
             closed,
             reader_task,
@@ -388,13 +458,32 @@ impl Client {
         Ok(started.elapsed())
     }
 
-    /// The next event from the gateway, or `None` after `wait`.
+    /// The next event from the gateway, or `None` after `wait`. Where
+    /// events were lost because the queue was full
+    /// ([`ClientOptions::event_queue`]), an [`EVENTS_LOST`] event stands
+    /// in their place with their `count`.
     pub async fn next_event(&self, wait: Duration) -> Option<Event> {
         let mut events = self.events.lock().await;
-        tokio::time::timeout(wait, events.recv())
-            .await
-            .ok()
-            .flatten()
+        let queued = match events.try_recv() {
+            Ok(queued) => queued,
+            // Everything queued before the losses has been read.
+            Err(_) => match self.events_unreported.swap(0, Ordering::AcqRel) {
+                0 => tokio::time::timeout(wait, events.recv()).await.ok()??,
+                lost => Queued::Lost(lost),
+            },
+        };
+        match queued {
+            Queued::Event(event) => Some(event),
+            Queued::Lost(count) => Some(Event {
+                event: EVENTS_LOST.into(),
+                payload: json!({ "count": count }),
+            }),
+        }
+    }
+
+    /// How many events were lost in all because the queue was full.
+    pub fn events_lost(&self) -> u64 {
+        self.events_lost.load(Ordering::Relaxed)
     }
 
     /// Resolves with the reason once the connection has ended.
@@ -484,7 +573,7 @@ impl RequestHandle<'_> {
 async fn route(
     plaintext: Bytes,
     shared: &Mutex<Shared>,
-    events: &mpsc::Sender<Event>,
+    events: &mut EventQueue,
     outbox: &mpsc::Sender<Vec<u8>>,
 ) {
     let lock = || shared.lock().ok();
@@ -520,7 +609,7 @@ async fn route(
             }
         }
         Ok(Record::Frame(Frame::Event(event))) => {
-            let _ = events.try_send(event);
+            events.push(event);
         }
         Ok(Record::Frame(Frame::Ping(beat))) => {
             let mut buf = Vec::new();

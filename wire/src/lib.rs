@@ -1,0 +1,16 @@
+//! What a portcullis client and gateway share, and nothing else: the
+//! record layer ([`record`]: one kind byte, then a relay frame or a binary
+//! chunk), the `ya-environment-relay.v1` frames and their validation
+//! ([`frame`]), the Noise channel over WebSocket binary messages
+//! ([`channel`]), and key files on disk ([`keyfile`]).
+//!
+//! Architecture invariant: this crate knows no policy, no store, no
+//! provider, and no sandbox; the client library and third-party runtimes
+//! build on it without the daemon.
+
+#![forbid(unsafe_code)]
+
+pub mod channel;
+pub mod frame;
+pub mod keyfile;
+pub mod record;
