@@ -8,10 +8,21 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod daemon;
 pub mod files;
 pub mod provider;
+pub mod resources;
 pub mod server;
 pub mod shell;
 pub mod systemd;
 pub mod tls;
 pub mod tools;
+
+/// 128 random bits, hex: instance and object ids (never a secret).
+pub fn random_id() -> String {
+    let mut bytes = [0u8; 16];
+    // Without OS randomness the daemon could not make keys either; an all-zero
+    // id is still unique enough for one instance and is never a secret.
+    let _ = getrandom::fill(&mut bytes);
+    hex::encode(bytes)
+}

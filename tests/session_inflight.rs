@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use portcullis::config::Config;
-use portcullis::provider::{Call, Provider, Reply};
+use portcullis::provider::{Call, Method, Provider, Providers, Reply};
 use portcullis::server::{self, Gateway};
 use portcullis_client::{Client, ClientError, ClientOptions, StreamItem};
 use portcullis_crypto::StaticKeypair;
-use portcullis_wire::frame::{ErrorCode, Frame, Request, RequestId};
+use portcullis_policy::{Capability, Target};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Frame, Request, RequestId};
 use serde_json::{Value, json};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -39,8 +40,13 @@ impl Drop for DropWitness {
 }
 
 impl Provider for SlowTool {
-    fn methods(&self) -> &'static [&'static str] {
-        &["tool.call"]
+    fn methods(&self) -> &'static [Method] {
+        const METHODS: &[Method] = &[Method {
+            long_running: true,
+            target: tool_target,
+            ..Method::plain("tool.call", Capability::Tools)
+        }];
+        METHODS
     }
 
     fn call(&self, call: Call) -> Reply {
@@ -67,6 +73,12 @@ impl Provider for SlowTool {
             Ok(json!({ "slept_ms": ms }))
         })
     }
+}
+
+fn tool_target(request: &Request) -> Result<Target, ErrorBody> {
+    Ok(Target::Tool {
+        name: portcullis::provider::params::string(&request.params, "name")?,
+    })
 }
 
 fn policy_text(alice: &StaticKeypair, granted: bool) -> String {
@@ -106,11 +118,11 @@ async fn fixture(max_in_flight: usize) -> Fixture {
     let key = StaticKeypair::generate().unwrap();
     let gateway_key = *key.public();
     let store = portcullis_store::Store::open(&dir.join("store")).unwrap();
-    let mut gateway = Gateway::new(config, key, policy, store.audit(None).unwrap());
     let dropped_early = Arc::new(AtomicUsize::new(0));
-    gateway.dispatcher.register(Arc::new(SlowTool {
+    let providers = Providers::new().with(Arc::new(SlowTool {
         dropped_early: dropped_early.clone(),
     }));
+    let gateway = Gateway::new(config, key, policy, store.audit(None).unwrap(), providers);
     let gateway = Arc::new(gateway);
     let listener = server::bind(&gateway, Vec::new()).await.unwrap().remove(0);
     let url = format!("ws://{}", listener.local_addr().unwrap());

@@ -745,6 +745,49 @@ pub struct Summary {
     pub resources: bool,
 }
 
+/// The tools `principal` may call now, by name and descriptor (what
+/// `tool.list` answers and a hello's updates announce), in the policy's
+/// order, with the approval each needs.
+pub fn tool_descriptors(
+    policy: &Policy,
+    principal: &str,
+    now: jiff::Timestamp,
+) -> Vec<(String, serde_json::Value)> {
+    policy
+        .tools
+        .iter()
+        .filter_map(|tool| {
+            let query = Query {
+                method: "tool.call".into(),
+                target: Target::Tool {
+                    name: tool.name.clone(),
+                },
+            };
+            let approval = match decide(policy, principal, &query, now).verdict {
+                Verdict::Allow => "allow",
+                Verdict::RequireApproval(p) => p.as_str(),
+                Verdict::Deny(_) => return None,
+            };
+            let descriptor = serde_json::json!({
+                "name": tool.name,
+                "title": tool.title,
+                "description": tool.description,
+                "input_schema": tool.input_schema,
+                "risk": tool.risk,
+                "approval_policy": approval,
+            });
+            Some((tool.name.clone(), descriptor))
+        })
+        .collect()
+}
+
+/// The capability `method` belongs to, or `None` for a method no
+/// capability serves (or one this gateway does not provide). Providers
+/// declare theirs; a test checks that the two agree.
+pub fn capability_of(method: &str) -> Option<Capability> {
+    classify(method).ok().map(|(capability, _)| capability)
+}
+
 /// The union of the principal's active grants; empty when the principal
 /// may not act.
 pub fn summary(policy: &Policy, principal_id: &str, now: jiff::Timestamp) -> Summary {

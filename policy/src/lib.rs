@@ -22,8 +22,8 @@ use std::ops::Range;
 
 pub use decide::{
     Capability, Decision, Denial, FileTerms, ProgramLookup, Query, ShellTerms, Summary, Target,
-    Terms, Verdict, active_grants, decide, principal_by_key, principal_by_token, principal_status,
-    summary,
+    Terms, Verdict, active_grants, capability_of, decide, principal_by_key, principal_by_token,
+    principal_status, summary, tool_descriptors,
 };
 pub use load::{load_file, parse};
 pub use model::*;

@@ -75,8 +75,9 @@ pub fn serve(config: &Path) -> ExitCode {
         Ok(remembered) => remembered,
         Err(e) => return fail(e),
     };
-    let mut gateway = Gateway::new(config, key, policy, audit);
-    gateway.approvals = portcullis::tools::approvals::Approvals::new(Some(remembered));
+    let providers = portcullis::daemon::providers(&config);
+    let mut gateway = Gateway::new(config, key, policy, audit, providers);
+    gateway.approvals = portcullis::server::approvals::Approvals::new(Some(remembered));
     if let Some(files) = &gateway.config.tls {
         match portcullis::tls::acceptor(&files.cert, &files.key) {
             Ok(acceptor) => gateway.tls = Some(acceptor),
@@ -110,7 +111,7 @@ async fn run(gateway: Arc<Gateway>, inherited: Vec<std::net::TcpListener>) -> Ex
             Err(e) => return fail(format!("cannot listen for metrics on {addr}: {e}")),
         }
     }
-    tokio::spawn(portcullis::shell::process::keeper(gateway.clone()));
+    portcullis::daemon::spawn_keepers(&gateway);
     tokio::task::spawn_blocking(log_sandbox_support);
     if !gateway.config.audit.retains_everything() {
         tokio::spawn(retention(gateway.clone()));

@@ -16,7 +16,7 @@ pub mod watch;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use portcullis_policy::{FileTerms, Terms};
+use portcullis_policy::{Capability, FileTerms, Target, Terms};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::provider::{Call, Provider, Reply, StreamSink, Usage};
+use crate::provider::{Call, Method, Provider, Reply, StreamSink, Usage, no_input, params};
 use ops::AtomicFile;
 use portcullis_confine::{FileError, Root, RootSpec};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
@@ -39,29 +39,69 @@ pub(crate) const RESPONSE_BUDGET: usize = 60_000;
 
 pub struct Files;
 
-const METHODS: &[&str] = &[
-    "file.read",
-    "file.write",
-    "file.append",
-    "file.list",
-    "file.stat",
-    "file.mkdir",
-    "file.delete",
-    "file.move",
-    "file.copy",
-    "file.search",
-    "file.watch",
+/// A method on one path of a root.
+const fn on_path(name: &'static str, input: fn(&Request) -> Option<Channel>) -> Method {
+    Method {
+        name,
+        capability: Capability::Fileops,
+        long_running: false,
+        target: path_target,
+        input,
+    }
+}
+
+/// A method from one path to another (`file.move`, `file.copy`).
+const fn between_paths(name: &'static str) -> Method {
+    Method {
+        target: transfer_target,
+        ..on_path(name, no_input)
+    }
+}
+
+const METHODS: &[Method] = &[
+    on_path("file.read", no_input),
+    on_path("file.write", upload_input),
+    on_path("file.append", upload_input),
+    on_path("file.list", no_input),
+    on_path("file.stat", no_input),
+    on_path("file.mkdir", no_input),
+    on_path("file.delete", no_input),
+    between_paths("file.move"),
+    between_paths("file.copy"),
+    Method {
+        long_running: true,
+        ..on_path("file.search", no_input)
+    },
+    on_path("file.watch", no_input),
 ];
 
-impl Provider for Files {
-    fn methods(&self) -> &'static [&'static str] {
-        METHODS
-    }
+fn path_target(request: &Request) -> Result<Target, ErrorBody> {
+    let p = &request.params;
+    Ok(Target::Path {
+        root: params::string(p, "root_id")?,
+        path: params::string(p, "path")?,
+    })
+}
 
-    fn input_channel(&self, request: &Request) -> Option<Channel> {
-        let streams = request.params.get("stream") == Some(&Value::Bool(true));
-        let writes = matches!(request.method.as_str(), "file.write" | "file.append");
-        (writes && streams).then_some(Channel::FileData)
+fn transfer_target(request: &Request) -> Result<Target, ErrorBody> {
+    let p = &request.params;
+    let root = params::string(p, "root_id")?;
+    let to_root = params::optional_string(p, "to_root_id")?.unwrap_or_else(|| root.clone());
+    Ok(Target::Transfer {
+        from: (root, params::string(p, "path")?),
+        to: (to_root, params::string(p, "to_path")?),
+    })
+}
+
+/// A streamed write takes its data as chunks on channel 4.
+fn upload_input(request: &Request) -> Option<Channel> {
+    let streams = request.params.get("stream") == Some(&Value::Bool(true));
+    streams.then_some(Channel::FileData)
+}
+
+impl Provider for Files {
+    fn methods(&self) -> &'static [Method] {
+        METHODS
     }
 
     /// Uploads remove their temporary file, reads stop at the next chunk.

@@ -1,24 +1,77 @@
-//! Execute and respond: the step after a request was decoded and allowed.
-//! Capability providers (files, shell, tools, scripts) implement
-//! [`Provider`] and are registered in the [`Dispatcher`]; a method no
-//! provider serves answers `unknown_method`.
+//! The provider API: what a capability provider (files, shell, tools and
+//! scripts, resources) implements, and what it is handed for each call.
+//!
+//! A provider declares its methods ([`Method`]): name, capability,
+//! whether it leaves a start entry before it acts, which chunk channel it
+//! takes input on, and how its params become the policy's [`Target`]. The
+//! daemon registers providers in [`Providers`] where it is assembled
+//! (`cli/serve.rs`); the server admits, audits and dispatches through that
+//! registry and names no provider.
+//!
+//! Architecture invariant: this module and the providers below it never
+//! import `crate::server`. What a provider needs of the daemon reaches it
+//! through the [`Call`] (the policy that decided, the session's streams and
+//! resources, [`Requests`] for a script's own requests) or its own
+//! constructor.
+
+mod nested;
+pub mod params;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use portcullis_policy::Terms;
+use portcullis_policy::{Capability, Policy, Query, Target, Terms};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Frame, Request, RequestId, Stream};
+use portcullis_wire::record::{Channel, ChunkRecord};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::resources::SessionResources;
-use portcullis_wire::frame::{ErrorBody, ErrorCode, Frame, Request, RequestId, Stream};
-use portcullis_wire::record::{Channel, ChunkRecord};
+use crate::resources::SessionResources;
+pub use nested::{Answer, Durable, Nested, Requests};
+
+/// One method as its provider declares it.
+pub struct Method {
+    pub name: &'static str,
+    /// The capability the policy files it under (a test checks that
+    /// `portcullis_policy::capability_of` agrees).
+    pub capability: Capability,
+    /// Leaves a start entry, durable before the provider acts, as well as
+    /// its completing entry.
+    pub long_running: bool,
+    /// What the policy decides on: the params that matter, as a
+    /// [`Target`]; a param of the wrong type is `invalid_request` here.
+    pub target: fn(&Request) -> Result<Target, ErrorBody>,
+    /// The chunk channel this request takes binary input on, if any.
+    pub input: fn(&Request) -> Option<Channel>,
+}
+
+impl Method {
+    /// A method whose params name nothing to check and that takes no input.
+    pub const fn plain(name: &'static str, capability: Capability) -> Self {
+        Self {
+            name,
+            capability,
+            long_running: false,
+            target: no_target,
+            input: no_input,
+        }
+    }
+}
+
+fn no_target(_: &Request) -> Result<Target, ErrorBody> {
+    Ok(Target::None)
+}
+
+/// [`Method::input`] for methods that take none.
+pub fn no_input(_: &Request) -> Option<Channel> {
+    None
+}
 
 /// What a session sends, in order, through its bounded outbox. A full
 /// outbox makes producers wait: that is the back-pressure from a slow peer.
@@ -45,15 +98,17 @@ pub type Outbox = mpsc::Sender<Outbound>;
 pub struct Call {
     pub principal: String,
     pub request: Request,
+    /// The policy that decided this request.
+    pub policy: Arc<Policy>,
     /// What the policy decided the request may use (paths, limits, env).
     pub terms: Terms,
     /// Cancelled by a `cancel` frame, revocation or shutdown.
     pub cancel: CancellationToken,
     pub stream: StreamSink,
-    /// The request's binary input (chunks on the channel its provider's
-    /// `input_channel` named), when it takes any. An empty chunk ends it;
-    /// `None` from the receiver means the input was abandoned (cancel,
-    /// session end).
+    /// The request's binary input (chunks on the channel its method's
+    /// `input` named), when it takes any. An empty chunk ends it; `None`
+    /// from the receiver means the input was abandoned (cancel, session
+    /// end).
     pub input: Option<mpsc::Receiver<Bytes>>,
     /// Bytes in and out, for the audit entry.
     pub usage: Arc<Usage>,
@@ -62,47 +117,47 @@ pub struct Call {
     /// Set, before `cancel` fires, when the session itself ends (the
     /// connection closed, a revocation, shutdown): a cancel without it was
     /// asked for. A persistent process outlives the first, not the second.
-    pub session_end: Arc<std::sync::OnceLock<ErrorBody>>,
+    pub session_end: Arc<OnceLock<ErrorBody>>,
     /// Set, before `cancel` fires, when a policy change revoked this
     /// request.
-    pub revoked: Arc<std::sync::OnceLock<ErrorBody>>,
-    /// The daemon: scripts decide, audit and dispatch the requests they
-    /// make through it, on the same path as the session's.
-    pub gateway: Arc<crate::server::Gateway>,
-    /// The request's audit entry as the session began it (connection,
-    /// peer, principal, context); nested calls start theirs from it.
-    pub record: portcullis_store::Record,
+    pub revoked: Arc<OnceLock<ErrorBody>>,
+    /// Requests of its own (a script's `exec`, `read_file`, `call_tool`),
+    /// each taking the session's path as if the peer had sent it, with
+    /// this request as parent.
+    pub requests: Requests,
+    /// The request this one was made by, for a script's own requests.
+    pub parent: Option<RequestId>,
     /// A long-running request's start entry, on its way to the audit log.
     pub start_entry: StartEntry,
 }
 
 /// A request's start entry until it is durable. Nothing acts on the host
-/// before then: the dispatcher waits for it, unless the provider prepares
+/// before then: the registry waits for it, unless the provider prepares
 /// meanwhile ([`Provider::prepares_during_start_entry`]) and waits itself.
-pub struct StartEntry(Option<portcullis_store::Submitted>);
+///
+/// (In a mutex only so that a [`Call`] is `Sync`; it is taken through
+/// `&mut`, never locked.)
+pub struct StartEntry(std::sync::Mutex<Option<Durable>>);
 
 impl StartEntry {
     /// No entry to wait for (a short request, or one already durable).
     pub fn durable() -> Self {
-        Self(None)
+        Self(std::sync::Mutex::new(None))
     }
 
-    pub fn pending(submitted: portcullis_store::Submitted) -> Self {
-        Self(Some(submitted))
+    pub fn pending(entry: Durable) -> Self {
+        Self(std::sync::Mutex::new(Some(entry)))
     }
 
     /// Waits until the entry is durable (at once the second time).
     pub async fn wait(&mut self) -> Result<(), ErrorBody> {
-        let Some(submitted) = self.0.take() else {
-            return Ok(());
-        };
-        submitted.durable().await.map(drop).map_err(|e| {
-            tracing::error!("audit: {e}");
-            ErrorBody::new(
-                ErrorCode::ProviderError,
-                "the audit log is unavailable, so nothing was run",
-            )
-        })
+        let entry = self.0.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        match entry {
+            None => Ok(()),
+            Some(entry) => entry
+                .await
+                .map_err(|e| ErrorBody::new(e.code, format!("{}, so nothing was run", e.message))),
+        }
     }
 }
 
@@ -203,11 +258,7 @@ pub type Reply = Pin<Box<dyn Future<Output = Result<Value, ErrorBody>> + Send>>;
 
 pub trait Provider: Send + Sync + 'static {
     /// The methods this provider serves.
-    fn methods(&self) -> &'static [&'static str];
-    /// The chunk channel on which `request` takes binary input, if it does.
-    fn input_channel(&self, _request: &Request) -> Option<Channel> {
-        None
-    }
+    fn methods(&self) -> &'static [Method];
     /// How long a cancelled call may take to clean up (remove a partial
     /// upload, kill a process) and answer before it is dropped. Providers
     /// that watch `Call::cancel` set this; others are dropped at once.
@@ -216,50 +267,120 @@ pub trait Provider: Send + Sync + 'static {
     }
     /// Whether the provider prepares `request` while its start entry is
     /// being written (and waits for [`Call::start_entry`] before it acts):
-    /// a command's sandbox is set up meanwhile. Otherwise the dispatcher
+    /// a command's sandbox is set up meanwhile. Otherwise the registry
     /// waits before calling.
     fn prepares_during_start_entry(&self, _request: &Request) -> bool {
         false
     }
     fn call(&self, call: Call) -> Reply;
+    /// What the provider holds now, for the metrics endpoint.
+    fn gauges(&self) -> Vec<Gauge> {
+        Vec::new()
+    }
 }
 
+/// One gauge of a provider's, in the Prometheus text format's terms.
+pub struct Gauge {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub value: f64,
+}
+
+/// The registered providers, by method.
 #[derive(Clone, Default)]
-pub struct Dispatcher {
-    providers: HashMap<&'static str, Arc<dyn Provider>>,
+pub struct Providers {
+    by_method: HashMap<&'static str, (Arc<dyn Provider>, &'static Method)>,
+    /// Each provider once, in the order registered.
+    all: Vec<Arc<dyn Provider>>,
 }
 
-impl Dispatcher {
+impl Providers {
     pub fn new() -> Self {
-        let mut dispatcher = Self::default();
-        dispatcher.register(Arc::new(crate::server::resources::Resources));
-        dispatcher.register(Arc::new(crate::files::Files));
-        dispatcher.register(Arc::new(crate::shell::Shell));
-        dispatcher.register(Arc::new(crate::tools::Tools));
-        dispatcher
+        Self::default()
     }
 
-    pub fn register(&mut self, provider: Arc<dyn Provider>) {
+    /// Serves `provider`'s methods; a method registered twice is the
+    /// daemon's assembly error, named here.
+    pub fn register(&mut self, provider: Arc<dyn Provider>) -> Result<(), String> {
         for method in provider.methods() {
-            self.providers.insert(method, provider.clone());
+            if self.by_method.contains_key(method.name) {
+                return Err(format!("method `{}` is registered twice", method.name));
+            }
+            self.by_method
+                .insert(method.name, (provider.clone(), method));
         }
+        self.all.push(provider);
+        Ok(())
+    }
+
+    /// [`register`](Self::register), for assembly that cannot go wrong.
+    pub fn with(mut self, provider: Arc<dyn Provider>) -> Self {
+        if let Err(e) = self.register(provider) {
+            panic!("{e}");
+        }
+        self
+    }
+
+    pub fn method(&self, name: &str) -> Option<&'static Method> {
+        self.by_method.get(name).map(|(_, method)| *method)
     }
 
     pub fn serves(&self, method: &str) -> bool {
-        self.providers.contains_key(method)
+        self.by_method.contains_key(method)
+    }
+
+    /// Every served method, in no particular order.
+    pub fn methods(&self) -> impl Iterator<Item = &'static Method> + '_ {
+        self.by_method.values().map(|(_, method)| *method)
+    }
+
+    /// Every provider's gauges.
+    pub fn gauges(&self) -> Vec<Gauge> {
+        self.all.iter().flat_map(|p| p.gauges()).collect()
     }
 
     pub fn input_channel(&self, request: &Request) -> Option<Channel> {
-        self.providers
-            .get(request.method.as_str())?
-            .input_channel(request)
+        (self.method(&request.method)?.input)(request)
+    }
+
+    pub fn long_running(&self, method: &str) -> bool {
+        self.method(method).is_some_and(|m| m.long_running)
+    }
+
+    /// What policy decides on for `request`. A method no provider serves
+    /// has no target: policy calls it unknown, whatever its params.
+    pub fn query_for(&self, request: &Request) -> Result<Query, ErrorBody> {
+        let target = match self.method(&request.method) {
+            Some(method) => (method.target)(request)?,
+            None => Target::None,
+        };
+        Ok(Query {
+            method: request.method.clone(),
+            target,
+        })
+    }
+
+    /// Whether the policy still allows `request` for `principal` now: how a
+    /// policy change is applied to what already runs (requests in flight,
+    /// resources, persistent processes).
+    pub fn still_allowed(
+        &self,
+        policy: &Policy,
+        principal: &str,
+        request: &Request,
+        now: jiff::Timestamp,
+    ) -> bool {
+        self.query_for(request).is_ok_and(|query| {
+            let decision = portcullis_policy::decide(policy, principal, &query, now);
+            matches!(decision.verdict, portcullis_policy::Verdict::Allow)
+        })
     }
 
     /// Runs the call until it answers or is cancelled. Dropping the
     /// provider's future on cancel stops its work; providers that own
     /// processes also watch `call.cancel` to kill them.
     pub async fn run(&self, mut call: Call) -> Result<Value, ErrorBody> {
-        let Some(provider) = self.providers.get(call.request.method.as_str()).cloned() else {
+        let Some((provider, _)) = self.by_method.get(call.request.method.as_str()).cloned() else {
             return Err(ErrorBody::new(
                 ErrorCode::UnknownMethod,
                 format!("`{}` is not served", call.request.method),

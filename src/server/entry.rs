@@ -8,16 +8,6 @@ use serde_json::Value;
 use crate::provider::Usage;
 use portcullis_wire::frame::{ErrorBody, ErrorCode};
 
-/// Methods that get an audit entry when they start as well as when they end.
-pub const LONG_RUNNING: &[&str] = &[
-    "shell.exec",
-    "shell.start",
-    "shell.attach",
-    "tool.call",
-    "script.run",
-    "file.search",
-];
-
 /// Root, path, command or tool, as the client asked (cut to 256 characters).
 pub fn describe_target(record: &mut AuditRecord, target: &Target) {
     let cut = |s: &str| s.chars().take(256).collect::<String>();
@@ -40,17 +30,27 @@ pub fn describe_target(record: &mut AuditRecord, target: &Target) {
     }
 }
 
-/// The wire name of an error code (`permission_denied`, …).
+/// The wire name of an error code, as an entry records it.
 pub fn code_name(code: ErrorCode) -> String {
-    serde_json::to_value(code)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
+    code.as_str().to_string()
 }
 
+/// The error a refusal answers with.
 pub fn error_code(denial: Denial) -> ErrorCode {
-    serde_json::from_value(Value::String(denial.error_code().to_string()))
-        .unwrap_or(ErrorCode::PermissionDenied)
+    match denial {
+        Denial::UnknownMethod => ErrorCode::UnknownMethod,
+        Denial::CapabilityUnavailable => ErrorCode::CapabilityUnavailable,
+        Denial::UnknownTool => ErrorCode::NotFound,
+        Denial::Blocked => ErrorCode::PolicyBlocked,
+        Denial::InvalidRequest => ErrorCode::InvalidRequest,
+        Denial::UnknownPrincipal
+        | Denial::PrincipalDisabled
+        | Denial::PrincipalExpired
+        | Denial::NotGranted
+        | Denial::ReadOnly
+        | Denial::BadPath
+        | Denial::UnknownRoot => ErrorCode::PermissionDenied,
+    }
 }
 
 /// Fills in how a request ended: completion time, bytes, status and error
@@ -77,4 +77,36 @@ pub fn complete(
         }
         Some(e) => (Some(Status::Failed), Some(code_name(e.code))),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The conversion agrees with the code names policy gives its denials
+    /// (`policy explain` prints those).
+    #[test]
+    fn every_denial_answers_with_the_code_policy_names() {
+        use Denial::*;
+        for denial in [
+            UnknownMethod,
+            CapabilityUnavailable,
+            UnknownPrincipal,
+            PrincipalDisabled,
+            PrincipalExpired,
+            NotGranted,
+            ReadOnly,
+            BadPath,
+            UnknownRoot,
+            UnknownTool,
+            Blocked,
+            InvalidRequest,
+        ] {
+            assert_eq!(
+                error_code(denial).as_str(),
+                denial.error_code(),
+                "{denial:?}"
+            );
+        }
+    }
 }

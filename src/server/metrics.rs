@@ -93,12 +93,9 @@ impl Metrics {
             "Sessions open now.",
             &one(gateway.sessions.count() as f64),
         );
-        metric(
-            "portcullis_processes",
-            "gauge",
-            "Started processes (shell.start) the gateway holds, running or exited and kept for attach.",
-            &one(crate::shell::process::count() as f64),
-        );
+        for gauge in gateway.providers.gauges() {
+            metric(gauge.name, "gauge", gauge.help, &one(gauge.value));
+        }
         let requests: Vec<_> = lock(&self.requests)
             .iter()
             .flat_map(|(method, counts)| {

@@ -3,12 +3,16 @@
 //! connection. Every accepted socket gets `TCP_NODELAY`, holds one of
 //! `max_connections` permits, and must send its request head within
 //! `header_timeout`.
+//!
+//! Architecture invariant: nothing under `server/` names a concrete
+//! provider; requests reach providers through [`crate::provider::Providers`],
+//! which the daemon's assembly fills.
 
 pub mod admin;
+pub mod approvals;
 pub mod entry;
 pub mod metrics;
-pub mod query;
-pub mod resources;
+pub mod peer;
 pub mod session;
 pub mod state;
 
@@ -161,7 +165,7 @@ fn upgrade(
                     Some(ws_config()),
                 )
                 .await;
-                session::run(gateway, ws, peer).await;
+                session::run(gateway, ws, peer::Peer::Tcp { addr: peer }).await;
             }
             Err(e) => debug!(%peer, "upgrade failed: {e}"),
         }

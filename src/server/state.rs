@@ -3,7 +3,6 @@
 //! switch and react to changes themselves.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 use portcullis_store::{AuditLog, Kind, Record};
 
 use crate::config::Config;
-use crate::provider::Dispatcher;
+use crate::provider::Providers;
+use crate::server::approvals::Approvals;
+use crate::server::peer::Peer;
 
 pub struct Gateway {
     pub config: Config,
@@ -29,30 +30,38 @@ pub struct Gateway {
     /// Cancelled on SIGTERM: stop accepting, drain, close.
     pub shutdown: CancellationToken,
     pub connections: Arc<Semaphore>,
-    pub dispatcher: Dispatcher,
+    /// The capability providers, by method: the daemon's assembly
+    /// (`cli/serve.rs`) registers them.
+    pub providers: Providers,
     /// Set when the config has `[tls]`.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// Every request and security event, durable before it is answered.
     pub audit: AuditLog,
     /// Tool calls waiting for an operator.
-    pub approvals: crate::tools::approvals::Approvals,
+    pub approvals: Approvals,
     pub metrics: crate::server::metrics::Metrics,
 }
 
 impl Gateway {
-    pub fn new(config: Config, key: StaticKeypair, policy: Policy, audit: AuditLog) -> Self {
+    pub fn new(
+        config: Config,
+        key: StaticKeypair,
+        policy: Policy,
+        audit: AuditLog,
+        providers: Providers,
+    ) -> Self {
         let paused = config.state_dir.join("paused").exists();
         let connections = Arc::new(Semaphore::new(config.limits.max_connections));
         Self {
             config,
             key,
-            instance_id: random_id(),
+            instance_id: crate::random_id(),
             policy: watch::Sender::new(Arc::new(policy)),
             paused: watch::Sender::new(paused),
             sessions: Sessions::default(),
             shutdown: CancellationToken::new(),
             connections,
-            dispatcher: Dispatcher::new(),
+            providers,
             tls: None,
             audit,
             approvals: Default::default(),
@@ -126,15 +135,6 @@ impl Gateway {
     }
 }
 
-/// 128 random bits, hex.
-pub fn random_id() -> String {
-    let mut bytes = [0u8; 16];
-    // Without OS randomness the daemon could not make keys either; an all-zero
-    // id is still unique enough for one instance and is never a secret.
-    let _ = getrandom::fill(&mut bytes);
-    hex::encode(bytes)
-}
-
 #[derive(Default)]
 pub struct Sessions {
     live: Mutex<HashMap<u64, SessionInfo>>,
@@ -145,7 +145,7 @@ pub struct Sessions {
 pub struct SessionInfo {
     pub id: u64,
     pub principal: String,
-    pub peer: SocketAddr,
+    pub peer: Peer,
     pub started_at: String,
     #[serde(skip)]
     pub kill: CancellationToken,
@@ -173,12 +173,7 @@ impl Drop for SessionGuard<'_> {
 
 impl Sessions {
     /// Registers a session, unless its principal already has `max` of them.
-    pub fn register(
-        &self,
-        principal: &str,
-        peer: SocketAddr,
-        max: usize,
-    ) -> Option<SessionGuard<'_>> {
+    pub fn register(&self, principal: &str, peer: Peer, max: usize) -> Option<SessionGuard<'_>> {
         let mut live = self.live.lock().ok()?;
         if live.values().filter(|s| s.principal == principal).count() >= max {
             return None;

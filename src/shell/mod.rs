@@ -26,7 +26,7 @@ use std::process::Stdio;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use portcullis_policy::{Mode, Network, SandboxMode, ShellTerms, Terms};
+use portcullis_policy::{Capability, Mode, Network, SandboxMode, ShellTerms, Target, Terms};
 use rustix::process::{Pid, Signal};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -34,7 +34,9 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::files::{Encoding, RESPONSE_BUDGET, fit_inline};
-use crate::provider::{Call, Provider, Reply, StartEntry};
+use crate::provider::{
+    Call, Gauge, Method, Provider, Reply, StartEntry, no_input, params as provider_params,
+};
 use portcullis_sandbox::{self as sandbox, Mechanism};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 
@@ -44,19 +46,87 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 pub struct Shell;
 
+/// A method that runs a command.
+const fn runs(name: &'static str) -> Method {
+    Method {
+        name,
+        capability: Capability::Shell,
+        long_running: true,
+        target: command_target,
+        input: no_input,
+    }
+}
+
+const METHODS: &[Method] = &[
+    runs("shell.exec"),
+    runs("shell.start"),
+    Method::plain("shell.input", Capability::Shell),
+    Method::plain("shell.signal", Capability::Shell),
+    Method::plain("shell.cancel", Capability::Shell),
+    Method::plain("shell.status", Capability::Shell),
+    Method::plain("shell.list", Capability::Shell),
+    Method {
+        long_running: true,
+        ..Method::plain("shell.attach", Capability::Shell)
+    },
+    Method::plain("shell.resize", Capability::Shell),
+];
+
+/// The program, working directory, environment and terminal a command
+/// asks for: what the grant's command list and roots are checked against.
+fn command_target(request: &Request) -> Result<Target, ErrorBody> {
+    let p = &request.params;
+    let invalid = provider_params::invalid;
+    let program = match p.get("command") {
+        Some(Value::Array(argv)) => match argv.first() {
+            Some(Value::String(program)) => program.clone(),
+            _ => return Err(invalid("`command` must be a non-empty array of strings")),
+        },
+        _ => {
+            return Err(invalid(
+                "`command` (an array of strings: program and arguments) is required",
+            ));
+        }
+    };
+    let cwd = match provider_params::optional_string(p, "root_id")? {
+        Some(root) => Some((
+            root,
+            provider_params::optional_string(p, "cwd")?.unwrap_or_default(),
+        )),
+        None => None,
+    };
+    let env = match p.get("env") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(vars)) => vars
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(v) => Ok((k.clone(), v.clone())),
+                _ => Err(invalid("`env` values must be strings")),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(invalid("`env` must be an object of strings")),
+    };
+    let pty = matches!(p.get("pty"), Some(Value::Bool(true)));
+    Ok(Target::Command {
+        program,
+        cwd,
+        env,
+        pty,
+        lookup: Some(portcullis_policy::ProgramLookup(find_on_path)),
+    })
+}
+
 impl Provider for Shell {
-    fn methods(&self) -> &'static [&'static str] {
-        &[
-            "shell.exec",
-            "shell.start",
-            "shell.input",
-            "shell.signal",
-            "shell.cancel",
-            "shell.status",
-            "shell.list",
-            "shell.attach",
-            "shell.resize",
-        ]
+    fn methods(&self) -> &'static [Method] {
+        METHODS
+    }
+
+    fn gauges(&self) -> Vec<Gauge> {
+        vec![Gauge {
+            name: "portcullis_processes",
+            help: "Started processes (shell.start) the gateway holds, running or exited and kept for attach.",
+            value: process::count() as f64,
+        }]
     }
 
     /// A cancelled command is killed, and answers.

@@ -20,13 +20,13 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use portcullis_policy::Policy;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::provider::{SessionGone, StreamSink};
-use crate::server::Gateway;
-use crate::server::resources::EventSink;
+use crate::resources::EventSink;
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use portcullis_wire::record::Channel;
 
@@ -507,7 +507,7 @@ fn table() -> MutexGuard<'static, Table> {
 /// This run of the gateway, in process ids: `p7-3f9a1c2e`. Ids of an
 /// earlier run are recognised as such.
 fn instance_tag() -> &'static str {
-    INSTANCE.get_or_init(|| crate::server::state::random_id()[..8].to_string())
+    INSTANCE.get_or_init(|| crate::random_id()[..8].to_string())
 }
 
 static INSTANCE: OnceLock<String> = OnceLock::new();
@@ -578,38 +578,45 @@ fn all() -> Vec<Arc<Process>> {
 /// How often the keeper looks at every process.
 const KEEPER_TICK: Duration = Duration::from_secs(1);
 
+/// Whether the policy still allows a request for a principal now (the
+/// daemon's [`crate::provider::Providers::still_allowed`]).
+pub type StillAllowed = Arc<dyn Fn(&Policy, &str, &Request, jiff::Timestamp) -> bool + Send + Sync>;
+
 /// The task that ends processes the policy no longer allows (on every
 /// policy change, and every second for expiries), ends or forgets idle
-/// ones, and stops every process when the gateway shuts down. Process ids
-/// carry this run's instance id from the moment this is called.
-pub fn keeper(gateway: Arc<Gateway>) -> impl std::future::Future<Output = ()> {
-    let _ = INSTANCE.set(gateway.instance_id.chars().take(8).collect());
-    keep(gateway)
+/// ones, and stops every process when `shutdown` fires. Process ids carry
+/// `instance_id` from the moment this is called.
+pub fn keeper(
+    instance_id: &str,
+    policy: watch::Receiver<Arc<Policy>>,
+    shutdown: CancellationToken,
+    still_allowed: StillAllowed,
+) -> impl std::future::Future<Output = ()> + use<> {
+    let _ = INSTANCE.set(instance_id.chars().take(8).collect());
+    keep(policy, shutdown, still_allowed)
 }
 
-async fn keep(gateway: Arc<Gateway>) {
-    let mut policy = gateway.policy.subscribe();
+async fn keep(
+    mut policy: watch::Receiver<Arc<Policy>>,
+    shutdown: CancellationToken,
+    still_allowed: StillAllowed,
+) {
     let mut tick = tokio::time::interval(KEEPER_TICK);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             Ok(()) = policy.changed() => {}
-            () = gateway.shutdown.cancelled() => {
+            () = shutdown.cancelled() => {
                 for process in all() {
                     process.stop(StopReason::Shutdown);
                 }
                 return;
             }
         }
-        let (policy, now, instant) = (
-            gateway.current_policy(),
-            jiff::Timestamp::now(),
-            Instant::now(),
-        );
+        let current = policy.borrow_and_update().clone();
+        let (now, instant) = (jiff::Timestamp::now(), Instant::now());
         for process in all() {
-            let revoked = || {
-                !crate::server::query::still_allowed(&policy, &process.owner, &process.request, now)
-            };
+            let revoked = || !still_allowed(&current, &process.owner, &process.request, now);
             if process.running() && !process.survive_revocation && revoked() {
                 tracing::info!(process = %process.id, principal = %process.owner, "process revoked by the policy");
                 process.stop(StopReason::Revoked);

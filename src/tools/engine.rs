@@ -222,7 +222,7 @@ pub fn throw(error: &ErrorBody) -> Box<EvalAltResult> {
     let mut map = rhai::Map::new();
     map.insert(
         "code".into(),
-        Dynamic::from(crate::server::entry::code_name(error.code)),
+        Dynamic::from(error.code.as_str().to_string()),
     );
     map.insert("message".into(), Dynamic::from(error.message.clone()));
     if let Some(details) = error.details.as_ref().and_then(|d| to_dynamic(d).ok()) {
@@ -234,6 +234,16 @@ pub fn throw(error: &ErrorBody) -> Box<EvalAltResult> {
 /// What a failed script answers: a limit names itself, a relay error
 /// thrown by `call_tool` (and not caught) keeps its code, anything else
 /// is the script's own error.
+/// The answer of a script stopped at its `max_wall_time`.
+pub fn deadline_error(limits: &ScriptLimits) -> ErrorBody {
+    let ms = limits.max_wall_time.as_millis();
+    ErrorBody::new(
+        ErrorCode::Timeout,
+        format!("the script hit its limit max_wall_time ({ms} ms)"),
+    )
+    .with_details(json!({"limit": "max_wall_time", "value": ms as u64}))
+}
+
 pub fn error_body(error: &EvalAltResult, limits: &ScriptLimits) -> ErrorBody {
     use EvalAltResult as E;
     let limit = |name: &str, value: u64, what: &str| {
@@ -274,16 +284,7 @@ pub fn error_body(error: &EvalAltResult, limits: &ScriptLimits) -> ErrorBody {
             ),
         },
         E::ErrorTerminated(why, _) => match why.clone().into_string().as_deref() {
-            Ok(STOP_DEADLINE) => ErrorBody::new(
-                ErrorCode::Timeout,
-                format!(
-                    "the script hit its limit max_wall_time ({} ms)",
-                    limits.max_wall_time.as_millis()
-                ),
-            )
-            .with_details(
-                json!({"limit": "max_wall_time", "value": limits.max_wall_time.as_millis() as u64}),
-            ),
+            Ok(STOP_DEADLINE) => deadline_error(limits),
             Ok(STOP_MEMORY) => limit(
                 "max_memory",
                 MAX_MEMORY_GROWTH,

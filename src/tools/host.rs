@@ -1,32 +1,26 @@
 //! What a running script or tool can reach: its output (print and debug
 //! as stream frames, within `max_output`), the tools (`call_tool`), and,
-//! only as the principal's grants allow, files and commands — every call
-//! decided, audited and executed on the path a session request takes.
+//! only as the principal's grants allow, files and commands — every call a
+//! request of its own, which the session admits, audits and executes as it
+//! would one from the peer ([`Call::requests`]).
 //!
-//! Runs on a pool thread (see `mod.rs`); async work (the audit log, the
-//! files and shell providers) is driven with the runtime's `block_on`.
+//! Runs on a pool thread (see `mod.rs`); waiting for the session is driven
+//! with the runtime's `block_on`.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use portcullis_policy::{ScriptLimits, Verdict};
-use portcullis_store::{
-    AuditLog, Decision as AuditDecision, Kind, Record as AuditRecord, Submitted,
-};
+use portcullis_policy::ScriptLimits;
 use rhai::{Dynamic, EvalAltResult, Scope};
 use serde_json::{Map, Value, json};
 use tokio::runtime::Handle;
-use tokio::sync::mpsc;
 
-use super::approvals::{Ask, record_outcome};
 use super::engine::{self, Watch};
 use super::registry::{CompiledTool, Registry, Secrets};
 use super::{invalid, provider_error};
-use crate::provider::{Call, StartEntry, StreamSink, Usage};
-use crate::server::Gateway;
-use crate::server::entry;
-use crate::server::resources::SessionResources;
+use crate::provider::{Call, Durable, Requests, StreamSink};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request, RequestId};
 
 /// A tool runs with these limits (bounded, besides, by its caller's
@@ -34,36 +28,31 @@ use portcullis_wire::frame::{ErrorBody, ErrorCode, Request, RequestId};
 const TOOL_LIMITS: ScriptLimits = ScriptLimits::DEFAULT;
 
 pub struct Host {
-    gateway: Arc<Gateway>,
-    principal: String,
-    /// The entry of the request this host serves; nested calls start
-    /// theirs from it.
-    record: AuditRecord,
+    /// The request this host serves; its own requests name it as parent.
     request: Request,
     stream: StreamSink,
-    resources: SessionResources,
-    session_end: Arc<std::sync::OnceLock<ErrorBody>>,
-    revoked: Arc<std::sync::OnceLock<ErrorBody>>,
+    requests: Requests,
+    registry: Arc<Registry>,
+    secrets_dir: Option<PathBuf>,
     limits: ScriptLimits,
     watch: Watch,
     handle: Handle,
     /// Tool calls made (against `max_tool_calls`), and nested requests.
     tool_calls: AtomicU64,
     nested: AtomicU64,
-    /// Bytes printed (against `max_output`), by the script and the tools
-    /// it calls together.
+    /// Bytes printed (against `max_output`).
     printed: Arc<AtomicU64>,
     /// Audit entries of nested requests not yet known to be durable.
     unsettled: Arc<Unsettled>,
 }
 
-/// Audit entries a script's nested requests submitted without waiting.
-/// Whatever the script says next — a stream frame or its answer — waits
-/// until they are durable, so a run of nested requests shares one flush
-/// and nothing leaves the gateway before its entry.
-#[derive(Default)]
+/// The completing entries of a script's own requests, answered before they
+/// were durable. Whatever the script says next — a stream frame or its
+/// answer — waits until they are, so a run of nested requests shares one
+/// flush and nothing leaves the gateway before its entry.
 struct Unsettled {
-    pending: std::sync::Mutex<Vec<Submitted>>,
+    handle: Handle,
+    pending: std::sync::Mutex<Vec<Durable>>,
     /// Set once an entry failed: every later settle fails too.
     failed: std::sync::OnceLock<String>,
 }
@@ -73,64 +62,70 @@ struct Unsettled {
 const MAX_UNSETTLED: usize = 256;
 
 impl Unsettled {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Submitted>> {
+    fn new(handle: Handle) -> Self {
+        Self {
+            handle,
+            pending: Default::default(),
+            failed: Default::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Durable>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `record` after those already queued.
-    fn submit(&self, audit: &AuditLog, record: AuditRecord) -> Result<(), ErrorBody> {
-        let submitted = audit.submit(record).map_err(|e| {
-            let _ = self.failed.set(e.to_string());
-            provider_error(format!("the audit log is unavailable: {e}"))
-        })?;
+    /// Queues `entry` after those already queued.
+    fn push(&self, entry: Durable) -> Result<(), ErrorBody> {
         let full = {
             let mut pending = self.lock();
-            pending.push(submitted);
+            pending.push(entry);
             pending.len() >= MAX_UNSETTLED
         };
         if full { self.settle() } else { Ok(()) }
     }
 
-    /// Waits until every entry submitted so far is durable.
+    /// Waits until every entry queued so far is durable.
     fn settle(&self) -> Result<(), ErrorBody> {
         let pending = std::mem::take(&mut *self.lock());
-        for submitted in pending {
-            if let Err(e) = submitted.wait() {
-                let _ = self.failed.set(e.to_string());
+        for entry in pending {
+            if let Err(e) = self.handle.block_on(entry) {
+                let _ = self.failed.set(e.message);
             }
         }
         match self.failed.get() {
-            Some(e) => Err(provider_error(format!("the audit log is unavailable: {e}"))),
+            Some(e) => Err(provider_error(e.clone())),
             None => Ok(()),
         }
     }
 }
 
 impl Host {
-    pub fn new(call: &Call, limits: ScriptLimits) -> Self {
+    pub fn new(
+        call: &Call,
+        limits: ScriptLimits,
+        registry: Arc<Registry>,
+        secrets_dir: Option<PathBuf>,
+    ) -> Self {
+        let handle = Handle::current();
         Self {
-            gateway: call.gateway.clone(),
-            principal: call.principal.clone(),
-            record: call.record.clone(),
             request: call.request.clone(),
             stream: call.stream.clone(),
-            resources: call.resources.clone(),
-            session_end: call.session_end.clone(),
-            revoked: call.revoked.clone(),
+            requests: call.requests.clone(),
+            registry,
+            secrets_dir,
             limits,
             watch: Watch::new(Instant::now() + limits.max_wall_time, call.cancel.clone()),
-            handle: Handle::current(),
             tool_calls: AtomicU64::new(0),
             nested: AtomicU64::new(0),
             printed: Arc::default(),
-            unsettled: Arc::default(),
+            unsettled: Arc::new(Unsettled::new(handle.clone())),
+            handle,
         }
     }
 
-    /// `tool.call`, already decided and audited by the session.
+    /// `tool.call`, already admitted and audited by the session.
     pub fn run_tool(&self, name: &str, args: Value) -> Result<Value, ErrorBody> {
-        let registry = Registry::of(&self.gateway.current_policy());
-        self.execute_tool(registry.tool(name)?, args)
+        self.execute_tool(self.registry.tool(name)?, args)
     }
 
     /// Validates the arguments, loads the tool's secrets, runs its script
@@ -142,10 +137,7 @@ impl Host {
             .ast
             .as_ref()
             .map_err(|e| provider_error(format!("tool `{}` cannot run: {e}", tool.name)))?;
-        let secrets = Arc::new(Secrets::load(
-            &tool.secrets,
-            self.gateway.config.secrets_dir.as_deref(),
-        )?);
+        let secrets = Arc::new(Secrets::load(&tool.secrets, self.secrets_dir.as_deref())?);
         let deadline = self
             .watch
             .deadline
@@ -225,8 +217,8 @@ impl Host {
         engine.on_debug(move |text, _, _| debug.send("log", text));
     }
 
-    /// `call_tool(name, args)`: the same decision, approval, schema check
-    /// and audit entry as a `tool.call` request, then the tool runs here.
+    /// `call_tool(name, args)`: a `tool.call` request of the script's own;
+    /// its value.
     fn call_tool(&self, name: &str, args: Value) -> Result<Value, ErrorBody> {
         let made = self.tool_calls.fetch_add(1, Ordering::Relaxed) + 1;
         if made > self.limits.max_tool_calls {
@@ -244,133 +236,48 @@ impl Host {
         let mut params = Map::new();
         params.insert("name".into(), Value::String(name.to_string()));
         params.insert("arguments".into(), args);
+        // The tool's value, as the script called it (not `duration_ms`).
         self.request("tool.call", params)
+            .map(|mut result| result["value"].take())
     }
 
-    /// A request the script makes, on the session's path: decode, decide,
-    /// audit, execute, audit. Its audit entries name the script's request
-    /// as parent.
+    /// A request the script makes. The session admits, audits and executes
+    /// it as one from the peer (its id is the script's, with `.N` after
+    /// it); it is cancelled with the script, and at the script's deadline.
     pub fn request(&self, method: &str, params: Map<String, Value>) -> Result<Value, ErrorBody> {
         let n = self.nested.fetch_add(1, Ordering::Relaxed) + 1;
         let id = RequestId::new(format!("{}.{n}", self.request.id))
             .map_err(|e| provider_error(format!("a nested request id: {e}")))?;
         let request = Request {
-            id: id.clone(),
+            id,
             method: method.to_string(),
             params,
             context: self.request.context.clone(),
         };
-        // One policy for the decision and the generation its entry names.
-        let policy = self.gateway.current_policy();
-        let mut record = AuditRecord {
-            kind: Kind::Request,
-            started_at: jiff::Timestamp::now().to_string(),
-            request_id: Some(id.to_string()),
-            method: Some(method.to_string()),
-            parent_request_id: Some(self.request.id.to_string()),
-            policy_generation: Some(policy.generation.clone()),
-            ..self.record.clone()
-        };
-        record.tool = None;
-        let answer = self.decide_and_run(&policy, &request, &mut record);
-        entry::complete(
-            &mut record,
-            answer.as_ref().ok(),
-            answer.as_ref().err(),
-            &Usage::default(),
-        );
-        let served = self.gateway.dispatcher.serves(method);
-        self.gateway.metrics.request(&record, served);
-        self.unsettled.submit(&self.gateway.audit, record)?;
-        answer
-    }
-
-    fn decide_and_run(
-        &self,
-        policy: &Arc<portcullis_policy::Policy>,
-        request: &Request,
-        record: &mut AuditRecord,
-    ) -> Result<Value, ErrorBody> {
-        let query = crate::server::query::query_for(request)?;
-        entry::describe_target(record, &query.target);
-        let decision =
-            portcullis_policy::decide(policy, &self.principal, &query, jiff::Timestamp::now());
-        record.capability = decision.capability.map(|c| c.as_str().to_string());
-        record.rule = Some(decision.rule.clone());
-        match decision.verdict {
-            Verdict::Allow => record.decision = Some(AuditDecision::Allowed),
-            Verdict::Deny(denial) => {
-                record.decision = Some(AuditDecision::Blocked);
-                return Err(ErrorBody::new(entry::error_code(denial), decision.rule));
+        let cancel = self.watch.cancel.child_token();
+        let deadline = tokio::time::Instant::from_std(self.watch.deadline);
+        let (answer, timed_out) = self.handle.block_on(async {
+            let sent = self
+                .requests
+                .send(&self.request.id, request, cancel.clone());
+            let mut sent = std::pin::pin!(sent);
+            tokio::select! {
+                answer = &mut sent => (answer, false),
+                () = tokio::time::sleep_until(deadline) => {
+                    cancel.cancel();
+                    (sent.await, true)
+                }
             }
-            Verdict::RequireApproval(policy) => {
-                let ask = Ask::for_request(&self.principal, request, policy);
-                let timeout = self.gateway.config.approval_timeout;
-                let approvals = &self.gateway.approvals;
-                let outcome =
-                    self.handle
-                        .block_on(approvals.obtain(ask, timeout, &self.watch.cancel));
-                record_outcome(record, &outcome);
-                outcome?;
-            }
+        });
+        if let Some(entry) = answer.entry {
+            self.unsettled.push(entry)?;
         }
-        if entry::LONG_RUNNING.contains(&request.method.as_str()) {
-            let start = AuditRecord {
-                kind: Kind::RequestStart,
-                ..record.clone()
-            };
-            // A tool only computes (it has no host functions), so its start
-            // entry need only precede its end entry; a command acts on the
-            // host, so its start entry is durable before it runs.
-            self.unsettled.submit(&self.gateway.audit, start)?;
-            if request.method != "tool.call" {
-                self.unsettled
-                    .settle()
-                    .map_err(|e| provider_error(format!("{}, so nothing was run", e.message)))?;
-            }
+        match timed_out {
+            // The request was cancelled for the script's deadline: the
+            // script ends as the limit says (its next step would stop it).
+            true => Err(engine::deadline_error(&self.limits)),
+            false => answer.result,
         }
-        if let portcullis_policy::Target::Tool { name } = &query.target {
-            let args = request
-                .params
-                .get("arguments")
-                .cloned()
-                .unwrap_or(json!({}));
-            return self.execute_tool(Registry::of(policy).tool(name)?, args);
-        }
-        self.dispatch(request.clone(), decision.terms)
-    }
-
-    /// Runs a files or shell request through the dispatcher, as the
-    /// session would; its stream frames (none for the inline forms a
-    /// script uses) are dropped.
-    fn dispatch(
-        &self,
-        request: Request,
-        terms: portcullis_policy::Terms,
-    ) -> Result<Value, ErrorBody> {
-        let (outbox, mut drain) = mpsc::channel(16);
-        let usage = Arc::new(Usage::default());
-        let call = Call {
-            principal: self.principal.clone(),
-            stream: StreamSink::new(request.id.clone(), outbox, usage.clone()),
-            record: self.record.clone(),
-            request,
-            terms,
-            cancel: self.watch.cancel.child_token(),
-            input: None,
-            usage,
-            resources: self.resources.clone(),
-            session_end: self.session_end.clone(),
-            revoked: self.revoked.clone(),
-            gateway: self.gateway.clone(),
-            // Settled above: a script's command waits for its entry first.
-            start_entry: StartEntry::durable(),
-        };
-        let gateway = self.gateway.clone();
-        self.handle.block_on(async move {
-            tokio::spawn(async move { while drain.recv().await.is_some() {} });
-            gateway.dispatcher.run(call).await
-        })
     }
 }
 

@@ -6,37 +6,179 @@
 //! the agent's: Rhai source run under the grant's limits, which can call
 //! tools — and read files, list directories and run commands when the
 //! principal holds those grants — many calls in one round trip. Every
-//! call a script makes goes the session's way (`host.rs`): decided by the
-//! policy, recorded in the audit log (with the script's request id as its
-//! parent), executed by the same provider, recorded again.
+//! call a script makes is a request of its own that its session admits,
+//! audits and executes like one from the peer, with the script's request
+//! as its parent (`host.rs`, through [`Call::requests`]).
 //!
 //! All Rhai runs on a bounded pool of blocking threads, so a busy script
 //! never holds up a session, and at most [`pool_size`] run at once (the
 //! rest wait their turn).
 
-pub mod approvals;
 pub mod engine;
 mod host;
 pub mod registry;
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use portcullis_policy::{ScriptLimits, Terms, Verdict};
-use serde_json::{Value, json};
+use portcullis_policy::{Capability, Policy, ScriptLimits, Target, Terms};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
+use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::provider::{Call, Provider, Reply};
+use crate::provider::{Call, Method, Provider, Reply, no_input, params};
 pub use host::Host;
-use portcullis_wire::frame::{ErrorBody, ErrorCode};
+use registry::Registry;
 
-pub struct Tools;
+/// The `tools` and `scripts` provider. Cloning shares its state.
+#[derive(Clone)]
+pub struct Tools(Arc<State>);
+
+struct State {
+    /// Where tools' secrets are read from (else systemd's
+    /// `$CREDENTIALS_DIRECTORY`).
+    secrets_dir: Option<PathBuf>,
+    /// A place on the script pool for each script or tool running.
+    pool: Arc<Semaphore>,
+    /// The registry of the policy last asked for.
+    registry: Mutex<Option<Arc<Registry>>>,
+    /// Each running `tool.call`'s cancel, by principal and request id.
+    running: Mutex<HashMap<(String, String), CancellationToken>>,
+}
+
+impl Tools {
+    pub fn new(secrets_dir: Option<PathBuf>) -> Self {
+        Self(Arc::new(State {
+            secrets_dir,
+            pool: Arc::new(Semaphore::new(pool_size())),
+            registry: Mutex::default(),
+            running: Mutex::default(),
+        }))
+    }
+
+    /// The tools of `policy`, compiled the first time they are asked for.
+    fn registry(&self, policy: &Arc<Policy>) -> Arc<Registry> {
+        let mut current = lock(&self.0.registry);
+        if let Some(registry) = current.as_ref()
+            && Arc::ptr_eq(registry.policy(), policy)
+        {
+            return registry.clone();
+        }
+        let registry = Arc::new(Registry::compile(policy.clone()));
+        *current = Some(registry.clone());
+        registry
+    }
+
+    /// Runs `work` on the script pool once a place is free. A script's own
+    /// tool call (`nested`) runs without a place of its own: its script
+    /// holds one and waits for it, so asking for another could deadlock a
+    /// full pool.
+    async fn on_pool<T: Send + 'static>(
+        &self,
+        nested: bool,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ErrorBody> {
+        let permit = match nested {
+            true => None,
+            false => Some(
+                self.0
+                    .pool
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| provider_error("the script pool is closed"))?,
+            ),
+        };
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            work()
+        })
+        .await
+        .map_err(|e| provider_error(format!("the script thread failed: {e}")))
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const METHODS: &[Method] = &[
+    Method::plain("tool.list", Capability::Tools),
+    Method {
+        long_running: true,
+        target: tool_target,
+        ..Method::plain("tool.call", Capability::Tools)
+    },
+    Method::plain("tool.cancel", Capability::Tools),
+    Method {
+        name: "script.run",
+        capability: Capability::Scripts,
+        long_running: true,
+        target: script_target,
+        input: no_input,
+    },
+];
+
+fn tool_target(request: &Request) -> Result<Target, ErrorBody> {
+    Ok(Target::Tool {
+        name: params::string(&request.params, "name")?,
+    })
+}
+
+fn script_target(request: &Request) -> Result<Target, ErrorBody> {
+    Ok(Target::Script {
+        requested: requested_limits(&request.params)?,
+    })
+}
+
+/// `script.run`'s `limits`: the ones the request names (it may ask for
+/// less than the grant, never more: policy takes the smaller of each).
+fn requested_limits(params: &Map<String, Value>) -> Result<Option<ScriptLimits>, ErrorBody> {
+    let Some(asked) = params.get("limits") else {
+        return Ok(None);
+    };
+    let Value::Object(asked) = asked else {
+        return Err(invalid("`limits` must be an object"));
+    };
+    let mut limits = ScriptLimits {
+        max_operations: u64::MAX,
+        max_wall_time: Duration::MAX,
+        max_string_size: u64::MAX,
+        max_array_len: u64::MAX,
+        max_map_len: u64::MAX,
+        max_call_depth: u64::MAX,
+        max_tool_calls: u64::MAX,
+        max_output: u64::MAX,
+    };
+    for (key, value) in asked {
+        let n = value
+            .as_u64()
+            .ok_or_else(|| invalid(format!("limits.{key} must be a non-negative integer")))?;
+        let field = match key.as_str() {
+            "max_operations" => &mut limits.max_operations,
+            "max_string_size" => &mut limits.max_string_size,
+            "max_array_len" => &mut limits.max_array_len,
+            "max_map_len" => &mut limits.max_map_len,
+            "max_call_depth" => &mut limits.max_call_depth,
+            "max_tool_calls" => &mut limits.max_tool_calls,
+            "max_output" => &mut limits.max_output,
+            "max_wall_time_ms" => {
+                limits.max_wall_time = Duration::from_millis(n);
+                continue;
+            }
+            other => return Err(invalid(format!("limits.{other} is not a script limit"))),
+        };
+        *field = n;
+    }
+    Ok(Some(limits))
+}
 
 impl Provider for Tools {
-    fn methods(&self) -> &'static [&'static str] {
-        &["tool.list", "tool.call", "tool.cancel", "script.run"]
+    fn methods(&self) -> &'static [Method] {
+        METHODS
     }
 
     /// A cancelled script stops at its next progress check.
@@ -45,11 +187,12 @@ impl Provider for Tools {
     }
 
     fn call(&self, call: Call) -> Reply {
+        let tools = self.clone();
         match call.request.method.as_str() {
             "tool.list" => Box::pin(async move { Ok(list(&call)) }),
-            "tool.cancel" => Box::pin(async move { cancel(&call) }),
-            "script.run" => Box::pin(script_run(call)),
-            _ => Box::pin(tool_call(call)),
+            "tool.cancel" => Box::pin(async move { tools.cancel(&call) }),
+            "script.run" => Box::pin(async move { tools.script_run(call).await }),
+            _ => Box::pin(async move { tools.tool_call(call).await }),
         }
     }
 }
@@ -57,25 +200,6 @@ impl Provider for Tools {
 /// Scripts and tools running at once, at most.
 pub fn pool_size() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
-}
-
-static POOL: LazyLock<Arc<Semaphore>> = LazyLock::new(|| Arc::new(Semaphore::new(pool_size())));
-
-/// Runs `work` on the script pool once a place is free.
-async fn on_pool<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ErrorBody> {
-    let permit = POOL
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| provider_error("the script pool is closed"))?;
-    tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        work()
-    })
-    .await
-    .map_err(|e| provider_error(format!("the script thread failed: {e}")))
 }
 
 fn provider_error(message: impl Into<String>) -> ErrorBody {
@@ -88,147 +212,117 @@ fn invalid(message: impl Into<String>) -> ErrorBody {
 
 /// `tool.list`: the descriptors of the tools the principal may call.
 fn list(call: &Call) -> Value {
-    let policy = call.gateway.current_policy();
-    let tools: Vec<Value> = descriptors(&policy, &call.principal, jiff::Timestamp::now())
-        .into_iter()
-        .map(|(_, descriptor)| descriptor)
-        .collect();
+    let policy = &call.policy;
+    let tools: Vec<Value> =
+        portcullis_policy::tool_descriptors(policy, &call.principal, jiff::Timestamp::now())
+            .into_iter()
+            .map(|(_, descriptor)| descriptor)
+            .collect();
     json!({"tools": tools, "generation": policy.generation})
 }
 
-/// The tools `principal` may call now, by name and descriptor, in the
-/// policy's order, with the approval each needs. A session keeps the last set it saw and tells
-/// the client what a reload changed (`tool.registered` /
-/// `tool.unregistered`).
-pub fn descriptors(
-    policy: &portcullis_policy::Policy,
-    principal: &str,
-    now: jiff::Timestamp,
-) -> Vec<(String, Value)> {
-    policy
-        .tools
-        .iter()
-        .filter_map(|tool| {
-            let query = portcullis_policy::Query {
-                method: "tool.call".into(),
-                target: portcullis_policy::Target::Tool {
-                    name: tool.name.clone(),
-                },
-            };
-            let approval = match portcullis_policy::decide(policy, principal, &query, now).verdict {
-                Verdict::Allow => "allow",
-                Verdict::RequireApproval(p) => p.as_str(),
-                Verdict::Deny(_) => return None,
-            };
-            let descriptor = json!({
-                "name": tool.name,
-                "title": tool.title,
-                "description": tool.description,
-                "input_schema": tool.input_schema,
-                "risk": tool.risk,
-                "approval_policy": approval,
-            });
-            Some((tool.name.clone(), descriptor))
-        })
-        .collect()
+/// A running `tool.call`, listed for `tool.cancel` until dropped.
+struct Running<'a> {
+    tools: &'a Tools,
+    key: (String, String),
 }
 
-/// Running `tool.call`s by principal and request id, for `tool.cancel`.
-static RUNNING: LazyLock<Mutex<HashMap<(String, String), CancellationToken>>> =
-    LazyLock::new(Default::default);
-
-struct Running(String, String);
-
-impl Running {
-    fn register(principal: &str, id: &str, token: CancellationToken) -> Self {
-        let key = (principal.to_string(), id.to_string());
-        lock_running().insert(key.clone(), token);
-        Self(key.0, key.1)
+impl<'a> Running<'a> {
+    fn register(tools: &'a Tools, call: &Call) -> Self {
+        let key = (call.principal.clone(), call.request.id.to_string());
+        lock(&tools.0.running).insert(key.clone(), call.cancel.clone());
+        Self { tools, key }
     }
 }
 
-impl Drop for Running {
+impl Drop for Running<'_> {
     fn drop(&mut self) {
-        lock_running().remove(&(std::mem::take(&mut self.0), std::mem::take(&mut self.1)));
+        lock(&self.tools.0.running).remove(&self.key);
     }
 }
 
-fn lock_running() -> std::sync::MutexGuard<'static, HashMap<(String, String), CancellationToken>> {
-    RUNNING.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// `tool.cancel {request_id}`: stops one of the caller's own running
-/// `tool.call`s (like a `cancel` frame for it).
-fn cancel(call: &Call) -> Result<Value, ErrorBody> {
-    let Some(Value::String(id)) = call.request.params.get("request_id") else {
-        return Err(invalid(
-            "tool.cancel needs `request_id`, the id of a running tool.call",
-        ));
-    };
-    let token = lock_running()
-        .get(&(call.principal.clone(), id.clone()))
-        .cloned();
-    match token {
-        Some(token) => {
-            token.cancel();
-            Ok(json!({"request_id": id, "cancelled": true}))
+impl Tools {
+    /// `tool.cancel {request_id}`: stops one of the caller's own running
+    /// `tool.call`s (like a `cancel` frame for it).
+    fn cancel(&self, call: &Call) -> Result<Value, ErrorBody> {
+        let Some(Value::String(id)) = call.request.params.get("request_id") else {
+            return Err(invalid(
+                "tool.cancel needs `request_id`, the id of a running tool.call",
+            ));
+        };
+        let token = lock(&self.0.running)
+            .get(&(call.principal.clone(), id.clone()))
+            .cloned();
+        match token {
+            Some(token) => {
+                token.cancel();
+                Ok(json!({"request_id": id, "cancelled": true}))
+            }
+            None => Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("no running tool.call `{id}` of yours"),
+            )),
         }
-        None => Err(ErrorBody::new(
-            ErrorCode::NotFound,
-            format!("no running tool.call `{id}` of yours"),
-        )),
     }
-}
 
-async fn tool_call(call: Call) -> Result<Value, ErrorBody> {
-    let name = match call.request.params.get("name") {
-        Some(Value::String(name)) => name.clone(),
-        _ => return Err(invalid("tool.call needs `name`")),
-    };
-    let args = call
-        .request
-        .params
-        .get("arguments")
-        .or_else(|| call.request.params.get("args"))
-        .cloned()
-        .unwrap_or_else(|| json!({}));
-    let _running = Running::register(
-        &call.principal,
-        &call.request.id.to_string(),
-        call.cancel.clone(),
-    );
-    let host = Host::new(&call, ScriptLimits::DEFAULT);
-    let started = std::time::Instant::now();
-    let value = on_pool(move || host.run_tool(&name, args)).await??;
-    Ok(json!({
-        "value": value,
-        "duration_ms": started.elapsed().as_secs_f64() * 1e3,
-    }))
-}
-
-async fn script_run(call: Call) -> Result<Value, ErrorBody> {
-    let Terms::Script(limits) = call.terms else {
-        return Err(provider_error(
-            "script.run reached scripts without script terms",
-        ));
-    };
-    let source = match call.request.params.get("source") {
-        Some(Value::String(source)) => source.clone(),
-        _ => return Err(invalid("script.run needs `source`, the Rhai text")),
-    };
-    if source.len() as u64 > limits.max_string_size.max(64 * 1024) {
-        return Err(invalid(format!(
-            "the script is {} bytes; at most {} (the grant's max_string_size, or 64 KiB)",
-            source.len(),
-            limits.max_string_size.max(64 * 1024)
-        )));
+    async fn tool_call(&self, call: Call) -> Result<Value, ErrorBody> {
+        let name = match call.request.params.get("name") {
+            Some(Value::String(name)) => name.clone(),
+            _ => return Err(invalid("tool.call needs `name`")),
+        };
+        let args = call
+            .request
+            .params
+            .get("arguments")
+            .or_else(|| call.request.params.get("args"))
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let _running = Running::register(self, &call);
+        let registry = self.registry(&call.policy);
+        let host = Host::new(
+            &call,
+            ScriptLimits::DEFAULT,
+            registry,
+            self.0.secrets_dir.clone(),
+        );
+        let started = std::time::Instant::now();
+        let value = self
+            .on_pool(call.parent.is_some(), move || host.run_tool(&name, args))
+            .await??;
+        Ok(json!({
+            "value": value,
+            "duration_ms": started.elapsed().as_secs_f64() * 1e3,
+        }))
     }
-    let args = call
-        .request
-        .params
-        .get("args")
-        .cloned()
-        .unwrap_or_else(|| json!({}));
-    let host = Host::new(&call, limits);
-    on_pool(move || host.run_script(&source, args)).await?
+
+    async fn script_run(&self, call: Call) -> Result<Value, ErrorBody> {
+        let Terms::Script(limits) = call.terms else {
+            return Err(provider_error(
+                "script.run reached scripts without script terms",
+            ));
+        };
+        let source = match call.request.params.get("source") {
+            Some(Value::String(source)) => source.clone(),
+            _ => return Err(invalid("script.run needs `source`, the Rhai text")),
+        };
+        if source.len() as u64 > limits.max_string_size.max(64 * 1024) {
+            return Err(invalid(format!(
+                "the script is {} bytes; at most {} (the grant's max_string_size, or 64 KiB)",
+                source.len(),
+                limits.max_string_size.max(64 * 1024)
+            )));
+        }
+        let args = call
+            .request
+            .params
+            .get("args")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let registry = self.registry(&call.policy);
+        let host = Host::new(&call, limits, registry, self.0.secrets_dir.clone());
+        self.on_pool(call.parent.is_some(), move || {
+            host.run_script(&source, args)
+        })
+        .await?
+    }
 }

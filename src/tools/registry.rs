@@ -4,7 +4,7 @@
 //! schema's validator. And the secrets tools may read, with redaction.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use portcullis_policy::{Policy, ScriptLimits, Tool};
@@ -33,21 +33,13 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// The registry of `policy`: compiled the first time it is asked for.
-    pub fn of(policy: &Arc<Policy>) -> Arc<Self> {
-        static CURRENT: Mutex<Option<Arc<Registry>>> = Mutex::new(None);
-        let mut current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(registry) = current.as_ref()
-            && Arc::ptr_eq(&registry.policy, policy)
-        {
-            return registry.clone();
-        }
-        let registry = Arc::new(Self::compile(policy.clone()));
-        *current = Some(registry.clone());
-        registry
+    /// The policy these tools are from.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
     }
 
-    fn compile(policy: Arc<Policy>) -> Self {
+    /// Compiles every tool of `policy` (the provider keeps the last one).
+    pub fn compile(policy: Arc<Policy>) -> Self {
         let limits = ScriptLimits::DEFAULT;
         let watch = engine::Watch::new(Instant::now(), CancellationToken::new());
         let engine = engine::sandboxed(&limits, &watch);

@@ -164,6 +164,25 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// The code's wire name (`permission_denied`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::UnknownMethod => "unknown_method",
+            Self::CapabilityUnavailable => "capability_unavailable",
+            Self::PermissionDenied => "permission_denied",
+            Self::ApprovalRequired => "approval_required",
+            Self::PolicyBlocked => "policy_blocked",
+            Self::NotFound => "not_found",
+            Self::Timeout => "timeout",
+            Self::Cancelled => "cancelled",
+            Self::ProviderError => "provider_error",
+            Self::RelayDisconnected => "relay_disconnected",
+            Self::ArtifactError => "artifact_error",
+            Self::Unrecognized => "unrecognized",
+        }
+    }
+
     /// Whether retrying (perhaps after a change) can succeed, as a default
     /// for [`ErrorBody::recoverable`].
     pub fn is_recoverable(self) -> bool {
@@ -458,6 +477,28 @@ fn check_depth(json: &[u8]) -> Result<(), FrameError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn error_code_names_are_their_wire_names() {
+        use ErrorCode::*;
+        for code in [
+            InvalidRequest,
+            UnknownMethod,
+            CapabilityUnavailable,
+            PermissionDenied,
+            ApprovalRequired,
+            PolicyBlocked,
+            NotFound,
+            Timeout,
+            Cancelled,
+            ProviderError,
+            RelayDisconnected,
+            ArtifactError,
+            Unrecognized,
+        ] {
+            assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));
+        }
+    }
 
     fn decode(value: Value) -> Result<Frame, FrameError> {
         decode_frame(value.to_string().as_bytes())

@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
 
-use crate::provider::{Call, Outbound, Outbox, Provider, Reply, SessionGone};
+use portcullis_policy::Capability;
+
+use crate::provider::{Call, Method, Outbound, Outbox, Provider, Reply, SessionGone};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Frame, Request};
 
 /// Resources one session may hold at once.
@@ -155,8 +157,13 @@ fn describe(id: &str, held: &Held) -> Value {
 pub struct Resources;
 
 impl Provider for Resources {
-    fn methods(&self) -> &'static [&'static str] {
-        &["resource.list", "resource.get", "resource.dispose"]
+    fn methods(&self) -> &'static [Method] {
+        const METHODS: &[Method] = &[
+            Method::plain("resource.list", Capability::Resources),
+            Method::plain("resource.get", Capability::Resources),
+            Method::plain("resource.dispose", Capability::Resources),
+        ];
+        METHODS
     }
 
     fn call(&self, call: Call) -> Reply {

@@ -4,15 +4,19 @@
 //! 2. authenticate: a token in message 3, else the client's static key;
 //! 3. `hello` advertising only what the principal is granted;
 //! 4. wait for the event `relay.accepted`;
-//! 5. decode → decide → execute → respond, for every request, while
-//!    watching policy reloads, expiry, the pause switch, operator kills and
-//!    shutdown.
+//! 5. the request loop (here): every request from the peer, and every
+//!    request a running call makes of its own, takes the one path in
+//!    `admission.rs`, while the loop watches policy reloads and expiry
+//!    (`reevaluate.rs`), the pause switch, operator kills and shutdown.
 //!
-//! Writing happens in a separate task fed by a bounded outbox, so a slow
-//! peer slows only its own session.
+//! Writing happens in a separate task fed by a bounded outbox
+//! (`writer.rs`), so a slow peer slows only its own session.
+
+mod admission;
+mod reevaluate;
+mod writer;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::SocketAddr;
 use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -20,37 +24,35 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use portcullis_policy::{
-    ApprovalPolicy, Capability, Denial, Policy, Summary, Terms, Verdict, decide, principal_by_key,
-    principal_by_token, principal_status, summary,
+    Capability, Policy, Summary, principal_by_key, principal_by_token, principal_status, summary,
 };
-use portcullis_store::{
-    Decision as AuditDecision, Kind, Record as AuditRecord, RequestContext as AuditContext, Status,
-};
+use portcullis_store::{Kind, Record as AuditRecord};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
-use crate::provider::{Call, Outbound, Outbox, StartEntry, StreamSink, Usage};
-use crate::server::entry::{self, LONG_RUNNING, code_name, describe_target, error_code};
-use crate::server::query::{query_for, still_allowed};
-use crate::server::resources::SessionResources;
+use crate::provider::{Nested, Outbound, Outbox, Requests, Usage};
+use crate::resources::SessionResources;
+use crate::server::peer::Peer;
 use crate::server::state::{Gateway, SessionInfo};
-use crate::tools::approvals::{Ask, record_outcome};
-use portcullis_wire::channel::{self, ChannelError, RecordReader, RecordWriter};
+use portcullis_wire::channel::{self, ChannelError, RecordReader};
 use portcullis_wire::frame::{
     self, ErrorBody, ErrorCode, Event, Frame, Heartbeat, Hello, PROTOCOL, Request, RequestId,
     Response,
 };
-use portcullis_wire::record::{self, Channel, ChunkRecord, Record, RecordError};
+use portcullis_wire::record::{self, Channel, Record, RecordError};
 
 /// Records queued for the writer before producers wait.
 const OUTBOX_CAPACITY: usize = 64;
 
-pub async fn run<S>(gateway: Arc<Gateway>, ws: WebSocketStream<S>, peer: SocketAddr)
+/// Requests a session's running calls may have queued before they wait.
+const NESTED_QUEUE: usize = 16;
+
+pub async fn run<S>(gateway: Arc<Gateway>, ws: WebSocketStream<S>, peer: Peer)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -105,7 +107,7 @@ where
     let Some(guard) =
         gateway
             .sessions
-            .register(&principal, peer, limits.max_sessions_per_principal)
+            .register(&principal, peer.clone(), limits.max_sessions_per_principal)
     else {
         warn!(%peer, %principal, "refused: too many sessions for this principal");
         return writer
@@ -115,7 +117,8 @@ where
     info!(%peer, %principal, session = guard.info.id, "session authenticated");
 
     let (outbox, outbox_rx) = mpsc::channel(OUTBOX_CAPACITY);
-    let writer_task = tokio::spawn(write_loop(writer, outbox_rx));
+    let writer_task = tokio::spawn(writer::write_loop(writer, outbox_rx));
+    let (requests, nested) = mpsc::channel(NESTED_QUEUE);
     let hello = Hello {
         protocol: PROTOCOL.to_string(),
         provider_id: Some(gateway.config.provider_id.clone()),
@@ -138,13 +141,14 @@ where
         granted,
         end_reason: Arc::new(OnceLock::new()),
         resources: SessionResources::new(outbox.clone()),
+        requests: Requests::new(requests),
     };
     if outbox
         .send(Outbound::Frame(Frame::Hello(hello)))
         .await
         .is_ok()
     {
-        session.serve(accepted.reader, started).await;
+        session.serve(accepted.reader, nested, started).await;
     }
     // Watches stop with the session.
     session.resources.clear();
@@ -196,7 +200,7 @@ fn tools_by_name(
     principal: &str,
     now: jiff::Timestamp,
 ) -> BTreeMap<String, Value> {
-    crate::tools::descriptors(policy, principal, now)
+    portcullis_policy::tool_descriptors(policy, principal, now)
         .into_iter()
         .collect()
 }
@@ -254,6 +258,8 @@ struct Session {
     /// answer cancelled requests get instead of `cancelled`.
     end_reason: Arc<OnceLock<ErrorBody>>,
     resources: SessionResources,
+    /// Where this session's running calls send requests of their own.
+    requests: Requests,
 }
 
 /// A request being executed.
@@ -288,6 +294,7 @@ impl Session {
     async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         &mut self,
         mut reader: RecordReader<S>,
+        mut nested: mpsc::Receiver<Nested>,
         started: Instant,
     ) {
         let limits = self.gateway.config.limits;
@@ -353,6 +360,9 @@ impl Session {
                 Some(id) = done_rx.recv() => {
                     self.finished(&id);
                     self.finish_done(&mut done_rx);
+                }
+                Some(request) = nested.recv() => {
+                    self.handle_nested(request, &done_tx, draining).await;
                 }
                 () = &mut idle => {
                     if pinged {
@@ -563,385 +573,6 @@ impl Session {
             .collect();
         self.accepted = Some(accepted);
     }
-
-    async fn handle_request(
-        &mut self,
-        request: Request,
-        done: &mpsc::UnboundedSender<RequestId>,
-        draining: bool,
-    ) {
-        let mut record = self.audit_record(&request);
-        if self.in_flight.contains_key(&request.id) {
-            // Answering with this id would look like the answer to the first
-            // request, so the refusal is an event.
-            let message = format!("request id `{}` is already in flight", request.id);
-            record.detail = Some(message.clone());
-            self.record_refusal(record, ErrorCode::InvalidRequest).await;
-            let payload = json!({"code": "invalid_request", "id": request.id, "message": message});
-            return self.event("relay.error", payload).await;
-        }
-        match self.admit(&request, &mut record, draining) {
-            Err(refusal) => {
-                self.record_refusal(record, refusal.code).await;
-                self.respond_error(request.id, refusal.code, refusal.message)
-                    .await;
-            }
-            Ok((terms, approval)) => self.execute(request, terms, approval, record, done).await,
-        }
-    }
-
-    /// The checks before a request may run, in the order of
-    /// docs/PROTOCOL.md §5. Fills `record` with what it learns.
-    fn admit(
-        &self,
-        request: &Request,
-        record: &mut AuditRecord,
-        draining: bool,
-    ) -> Result<(Terms, Option<ApprovalPolicy>), Refusal> {
-        let refuse = |code, message: &str| {
-            Err(Refusal {
-                code,
-                message: message.to_string(),
-            })
-        };
-        let Some(accepted) = &self.accepted else {
-            return refuse(
-                ErrorCode::InvalidRequest,
-                "send the event relay.accepted before any request",
-            );
-        };
-        if draining {
-            return refuse(ErrorCode::RelayDisconnected, "the gateway is shutting down");
-        }
-        let limit = self.gateway.config.limits.max_in_flight;
-        if self.in_flight.len() >= limit {
-            return refuse(
-                ErrorCode::ProviderError,
-                &format!("too many requests in flight (limit {limit}); wait for answers"),
-            );
-        }
-        if *self.gateway.paused.borrow() {
-            record.decision = Some(AuditDecision::Blocked);
-            record.rule = Some("the gateway is paused".into());
-            return refuse(
-                ErrorCode::PolicyBlocked,
-                "the gateway is paused by its operator",
-            );
-        }
-        let query = query_for(request).map_err(|e| Refusal {
-            code: e.code,
-            message: e.message,
-        })?;
-        describe_target(record, &query.target);
-        let policy = self.gateway.current_policy();
-        // The entry names the generation that decided, even if a reload
-        // came after `audit_record`.
-        record.policy_generation = Some(policy.generation.clone());
-        let decision = decide(&policy, &self.principal, &query, jiff::Timestamp::now());
-        record.capability = decision.capability.map(|c| c.as_str().to_string());
-        record.rule = Some(decision.rule.clone());
-        if let Verdict::Deny(denial @ (Denial::UnknownMethod | Denial::CapabilityUnavailable)) =
-            decision.verdict
-        {
-            return refuse(error_code(denial), &decision.rule);
-        }
-        if !self.gateway.dispatcher.serves(&request.method) {
-            return refuse(
-                ErrorCode::UnknownMethod,
-                &format!("method `{}` is not served by this gateway", request.method),
-            );
-        }
-        if let Some(capability) = decision.capability
-            && !accepted.contains(capability.as_str())
-            && !matches!(decision.verdict, Verdict::Deny(_))
-        {
-            let message = format!(
-                "capability `{}` was not accepted in relay.accepted",
-                capability.as_str()
-            );
-            return refuse(ErrorCode::CapabilityUnavailable, &message);
-        }
-        match decision.verdict {
-            Verdict::Allow => {
-                record.decision = Some(AuditDecision::Allowed);
-                if let Terms::File(file) = &decision.terms {
-                    record.path = Some(file.path.clone());
-                }
-                Ok((decision.terms, None))
-            }
-            Verdict::Deny(denial) => {
-                record.decision = Some(AuditDecision::Blocked);
-                refuse(error_code(denial), &decision.rule)
-            }
-            // Parked until an operator decides (see `execute`).
-            Verdict::RequireApproval(policy) => Ok((decision.terms, Some(policy))),
-        }
-    }
-
-    /// The entry every request starts from.
-    fn audit_record(&self, request: &Request) -> AuditRecord {
-        AuditRecord {
-            kind: Kind::Request,
-            started_at: jiff::Timestamp::now().to_string(),
-            connection: Some(self.info.id),
-            peer: Some(self.info.peer.to_string()),
-            principal: Some(self.principal.clone()),
-            request_id: Some(request.id.to_string()),
-            method: Some(request.method.clone()),
-            context: request.context.as_ref().map(|c| AuditContext {
-                session_id: c.session_id.clone(),
-                run_id: c.run_id.clone(),
-                tool_call_id: c.tool_call_id.clone(),
-            }),
-            policy_generation: Some(self.gateway.current_policy().generation.clone()),
-            ..AuditRecord::default()
-        }
-    }
-
-    /// Records a request answered without running; durable before the
-    /// answer (the caller sends it after this returns).
-    async fn record_refusal(&self, mut record: AuditRecord, code: ErrorCode) {
-        record.completed_at = Some(jiff::Timestamp::now().to_string());
-        record.status = Some(Status::Failed);
-        record.error_code = Some(code_name(code));
-        let served = record
-            .method
-            .as_deref()
-            .is_some_and(|m| self.gateway.dispatcher.serves(m));
-        self.gateway.metrics.request(&record, served);
-        if let Err(e) = self.gateway.audit.append(record).await {
-            error!(session = self.info.id, "audit: {e}");
-        }
-    }
-
-    /// Runs an allowed request in its own task. A long-running method is
-    /// recorded before it starts; every request is recorded, durably, before
-    /// its answer. `done` tells this loop the id is free again.
-    async fn execute(
-        &mut self,
-        request: Request,
-        terms: Terms,
-        approval: Option<ApprovalPolicy>,
-        mut record: AuditRecord,
-        done: &mpsc::UnboundedSender<RequestId>,
-    ) {
-        let id = request.id.clone();
-        let audit = self.gateway.audit.clone();
-        // A call that waits for approval leaves its start entry once
-        // approved (in its task, below). Otherwise it is submitted here and
-        // is durable before the call acts (see `StartEntry`).
-        let mut start_entry = StartEntry::durable();
-        if approval.is_none() && LONG_RUNNING.contains(&request.method.as_str()) {
-            let start = AuditRecord {
-                kind: Kind::RequestStart,
-                ..record.clone()
-            };
-            match audit.submit(start) {
-                Ok(submitted) => start_entry = StartEntry::pending(submitted),
-                Err(e) => {
-                    error!(session = self.info.id, "audit: {e}");
-                    let message = "the audit log is unavailable, so nothing was run";
-                    return self
-                        .respond_error(id, ErrorCode::ProviderError, message)
-                        .await;
-                }
-            }
-        }
-        let cancel = CancellationToken::new();
-        let revoked = Arc::new(OnceLock::new());
-        let running = InFlight {
-            cancel: cancel.clone(),
-            request: request.clone(),
-            revoked: revoked.clone(),
-        };
-        self.in_flight.insert(id.clone(), running);
-        self.info.in_flight.fetch_add(1, Ordering::Relaxed);
-        let usage = Arc::new(Usage::default());
-        let input = self
-            .gateway
-            .dispatcher
-            .input_channel(&request)
-            .map(|channel| {
-                let (tx, rx) = mpsc::channel(INPUT_QUEUE);
-                let route = InputRoute {
-                    channel,
-                    tx,
-                    usage: usage.clone(),
-                };
-                self.inputs.insert(id.clone(), route);
-                rx
-            });
-        let call = Call {
-            principal: self.principal.clone(),
-            stream: StreamSink::new(id.clone(), self.outbox.clone(), usage.clone()),
-            request,
-            terms,
-            cancel,
-            input,
-            usage: usage.clone(),
-            resources: self.resources.clone(),
-            session_end: self.end_reason.clone(),
-            revoked: revoked.clone(),
-            gateway: self.gateway.clone(),
-            record: record.clone(),
-            start_entry,
-        };
-        let (gateway, outbox, done, end_reason) = (
-            self.gateway.clone(),
-            self.outbox.clone(),
-            done.clone(),
-            self.end_reason.clone(),
-        );
-        // Boxed: this future is 4.8 KiB (the call, its audit record, the
-        // dispatcher's future), and tokio moves a task's future by value,
-        // into its cell and again at each change of stage. Those copies
-        // were about 5 % of the gateway's CPU at 256 requests in flight; a
-        // box moves as a pointer.
-        tokio::spawn(Box::pin(async move {
-            let approved = match approval {
-                None => Ok(()),
-                Some(policy) => approve(&gateway, &call, policy, &mut record).await,
-            };
-            let outcome = match approved {
-                Ok(()) => gateway.dispatcher.run(call).await,
-                Err(error) => Err(error),
-            };
-            let mut response = match outcome {
-                Ok(result) => Response::ok(id.clone(), result),
-                Err(error) if error.code == ErrorCode::Cancelled => {
-                    let reason = revoked.get().or(end_reason.get()).cloned();
-                    Response::err(id.clone(), reason.unwrap_or(error))
-                }
-                Err(error) => Response::err(id.clone(), error),
-            };
-            entry::complete(
-                &mut record,
-                response.result.as_ref(),
-                response.error.as_ref(),
-                &usage,
-            );
-            gateway.metrics.request(&record, true);
-            if let Err(e) = audit.append(record).await {
-                error!("audit: {e}");
-                let error = ErrorBody::new(
-                    ErrorCode::ProviderError,
-                    "the audit log is unavailable; the outcome was not recorded",
-                );
-                response = Response::err(id.clone(), error);
-            }
-            let _ = outbox
-                .send(Outbound::Frame(Frame::Response(response)))
-                .await;
-            let _ = done.send(id);
-        }));
-    }
-
-    /// After a policy change or an expiry: close if the principal may no
-    /// longer act, tell the peer if its capabilities changed.
-    async fn reevaluate(&mut self) -> Option<Ending> {
-        let policy = self.gateway.current_policy();
-        let now = jiff::Timestamp::now();
-        let granted = summary(&policy, &self.principal, now);
-        let revoked = match principal_status(&policy, &self.principal, now) {
-            Err((_, rule)) => Some(rule),
-            Ok(()) if granted_names(&granted).is_empty() => {
-                Some(format!("principal `{}` has no grants left", self.principal))
-            }
-            Ok(()) => None,
-        };
-        if let Some(rule) = revoked {
-            info!(session = self.info.id, principal = %self.principal, "revoked: {rule}");
-            self.gateway.security_event(
-                "session_revoked",
-                Some(&self.principal),
-                format!("session {}: {rule}", self.info.id),
-            );
-            return Some(self.end(
-                ErrorCode::PermissionDenied,
-                "access was revoked by the policy",
-                true,
-            ));
-        }
-        self.stop_what_is_no_longer_allowed(&policy, now).await;
-        self.announce_tool_changes(&policy, now).await;
-        if granted != self.granted {
-            let names = granted_names(&granted);
-            if let Some(accepted) = &mut self.accepted {
-                accepted.retain(|c| names.contains(c));
-            }
-            let capabilities = capabilities_json(&policy, &granted);
-            self.granted = granted;
-            self.event(
-                "capability.updated",
-                json!({"capabilities": capabilities, "generation": policy.generation}),
-            )
-            .await;
-        }
-        None
-    }
-
-    /// Tells the client which tools a policy change granted, changed
-    /// (`tool.registered`, with the new descriptor) or took away
-    /// (`tool.unregistered`).
-    async fn announce_tool_changes(&mut self, policy: &Policy, now: jiff::Timestamp) {
-        let tools = tools_by_name(policy, &self.principal, now);
-        let generation = &policy.generation;
-        for name in self.tools.keys().filter(|name| !tools.contains_key(*name)) {
-            let payload = json!({"name": name, "generation": generation});
-            self.event("tool.unregistered", payload).await;
-        }
-        for (name, descriptor) in &tools {
-            if self.tools.get(name) != Some(descriptor) {
-                let payload = json!({"tool": descriptor, "generation": generation});
-                self.event("tool.registered", payload).await;
-            }
-        }
-        self.tools = tools;
-    }
-
-    /// Stops what the policy no longer allows: requests in flight (a
-    /// command whose grant was taken away is killed; it answers
-    /// `permission_denied`) and resources (a watch on a root since taken
-    /// away).
-    async fn stop_what_is_no_longer_allowed(&self, policy: &Policy, now: jiff::Timestamp) {
-        let allowed = |request: &Request| still_allowed(policy, &self.principal, request, now);
-        for (id, running) in &self.in_flight {
-            if !allowed(&running.request) {
-                info!(session = self.info.id, request = %id, "request revoked by the policy");
-                let message = "the policy no longer allows this request; it was stopped";
-                let _ = running
-                    .revoked
-                    .set(ErrorBody::new(ErrorCode::PermissionDenied, message));
-                running.cancel.cancel();
-            }
-        }
-        for (id, request) in self.resources.requests() {
-            if !allowed(&request) && self.resources.dispose(&id) {
-                info!(session = self.info.id, resource = %id, "resource revoked by the policy");
-                let payload = json!({"id": id, "reason": "the policy no longer allows it"});
-                self.event("resource.disposed", payload).await;
-            }
-        }
-    }
-
-    /// When the principal or one of its grants next expires.
-    fn next_expiry(&self) -> Option<Instant> {
-        let policy = self.gateway.current_policy();
-        let now = jiff::Timestamp::now();
-        let principal = policy.principal(&self.principal)?;
-        let grants = policy
-            .grants
-            .iter()
-            .filter(|g| g.principals.contains(&self.principal));
-        let soonest = principal
-            .expires_at
-            .into_iter()
-            .chain(grants.filter_map(|g| g.expires_at))
-            .filter(|t| *t > now)
-            .min()?;
-        let wait = Duration::try_from(soonest.duration_since(now)).ok()?;
-        Some(later(Instant::now(), wait))
-    }
 }
 
 fn granted_names(granted: &Summary) -> BTreeSet<String> {
@@ -961,12 +592,6 @@ fn granted_names(granted: &Summary) -> BTreeSet<String> {
     names
 }
 
-/// Why a request is answered without running.
-struct Refusal {
-    code: ErrorCode,
-    message: String,
-}
-
 /// `start + wait`, or about thirty years on when that would overflow (a
 /// limit in the config may be written as `"1000000000d"`).
 fn later(start: Instant, wait: Duration) -> Instant {
@@ -975,104 +600,6 @@ fn later(start: Instant, wait: Duration) -> Instant {
         .or_else(|| start.checked_add(Duration::from_secs(30 * 365 * 86_400)))
         .unwrap_or(start)
 }
-
-/// Drains the outbox into the socket. Consecutive records are written
-/// together and flushed when the outbox runs dry.
-async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
-    mut writer: RecordWriter<S>,
-    mut outbox: mpsc::Receiver<Outbound>,
-) {
-    while let Some(item) = outbox.recv().await {
-        let sent = match item {
-            Outbound::Close { policy, reason } => {
-                let _ = writer.flush().await;
-                return writer.close(policy, &reason).await;
-            }
-            Outbound::Frame(frame) => send(&mut writer, encode_frame(frame), &outbox).await,
-            Outbound::Record(chunk) => send(&mut writer, chunk.into_record(), &outbox).await,
-            Outbound::Chunk { id, channel, data } => {
-                let capacity = record::chunk_capacity(&id).max(1);
-                for piece in data.chunks(capacity) {
-                    let mut chunk = ChunkRecord::new(&id, channel, piece.len());
-                    chunk.buffer().extend_from_slice(piece);
-                    if !send(&mut writer, chunk.into_record(), &outbox).await {
-                        return;
-                    }
-                }
-                true
-            }
-        };
-        if !sent {
-            return;
-        }
-    }
-    let _ = writer.flush().await;
-}
-
-/// Writes one record, flushing when nothing else is queued behind it.
-/// False once the connection is gone.
-async fn send<S: AsyncRead + AsyncWrite + Unpin>(
-    writer: &mut RecordWriter<S>,
-    record: Vec<u8>,
-    outbox: &mpsc::Receiver<Outbound>,
-) -> bool {
-    writer.send(record, outbox.is_empty()).await.is_ok()
-}
-
-fn encode_frame(frame: Frame) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(256);
-    if record::encode_frame(&frame, &mut buf).is_ok() {
-        return buf;
-    }
-    // Only a result can be this large; answer with an error instead.
-    let id = match &frame {
-        Frame::Response(r) => r.id.clone(),
-        _ => {
-            return encode_frame(Frame::Event(Event {
-                event: "relay.error".into(),
-                payload: json!({"message": "an event was too large to send"}),
-            }));
-        }
-    };
-    let error = ErrorBody::new(
-        ErrorCode::ProviderError,
-        "the result is larger than one record (65519 bytes)",
-    );
-    buf.clear();
-    let _ = record::encode_frame(&Frame::Response(Response::err(id, error)), &mut buf);
-    buf
-}
-
-/// Waits for an operator to approve a parked call (see
-/// `tools::approvals`) and records the outcome in its entry; once
-/// approved, a long-running call leaves its start entry.
-async fn approve(
-    gateway: &Gateway,
-    call: &Call,
-    policy: ApprovalPolicy,
-    record: &mut AuditRecord,
-) -> Result<(), ErrorBody> {
-    let ask = Ask::for_request(&call.principal, &call.request, policy);
-    let timeout = gateway.config.approval_timeout;
-    let outcome = gateway.approvals.obtain(ask, timeout, &call.cancel).await;
-    record_outcome(record, &outcome);
-    outcome?;
-    if !LONG_RUNNING.contains(&call.request.method.as_str()) {
-        return Ok(());
-    }
-    let start = AuditRecord {
-        kind: Kind::RequestStart,
-        ..record.clone()
-    };
-    gateway.audit.append(start).await.map(drop).map_err(|e| {
-        error!("audit: {e}");
-        ErrorBody::new(
-            ErrorCode::ProviderError,
-            "the audit log is unavailable, so nothing was run",
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

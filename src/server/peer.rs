@@ -1,0 +1,28 @@
+//! Who is on the other end of a session, as far as its transport can say.
+//! A transport adds a variant here and an accept loop; nothing in the
+//! request path changes.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    /// A client that dialed in over TCP (WebSocket, optionally TLS).
+    Tcp { addr: SocketAddr },
+}
+
+impl fmt::Display for Peer {
+    /// As audit entries and logs name it: the address for TCP.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tcp { addr } => write!(f, "{addr}"),
+        }
+    }
+}
+
+/// `sessions --json` and the admin API show a peer as its display text.
+impl serde::Serialize for Peer {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
