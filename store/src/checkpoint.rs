@@ -83,11 +83,13 @@ pub struct AuditSigner {
 impl AuditSigner {
     /// Loads the PKCS#8 key at `path`, creating it (mode 0600) if absent.
     pub fn load_or_create(path: &Path) -> Result<Self, StoreError> {
-        let io = |e: std::io::Error| StoreError::Io(format!("audit key {}: {e}", path.display()));
+        let io = |e| StoreError::io(format!("audit key {}", path.display()), e);
         if !path.exists() {
             let rng = ring::rand::SystemRandom::new();
-            let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng)
-                .map_err(|_| StoreError::Io("cannot generate the audit key".into()))?;
+            let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| StoreError::Key {
+                path: path.into(),
+                message: "cannot generate a key (no randomness?)".into(),
+            })?;
             let mut file = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -99,11 +101,9 @@ impl AuditSigner {
                 .map_err(io)?;
         }
         let bytes = std::fs::read(path).map_err(io)?;
-        let key = Ed25519KeyPair::from_pkcs8(&bytes).map_err(|e| {
-            StoreError::Io(format!(
-                "audit key {}: not an Ed25519 PKCS#8 key: {e}",
-                path.display()
-            ))
+        let key = Ed25519KeyPair::from_pkcs8(&bytes).map_err(|e| StoreError::Key {
+            path: path.into(),
+            message: format!("not an Ed25519 PKCS#8 key: {e}"),
         })?;
         Ok(Self { key })
     }

@@ -29,8 +29,15 @@ pub enum StoreError {
     Locked { path: PathBuf },
     #[error("cannot open the store {path}: {message}")]
     Open { path: PathBuf, message: String },
-    #[error("store I/O: {0}")]
-    Io(String),
+    /// An I/O error, and what was being done.
+    #[error("store I/O ({context}): {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the store (sled): {0}")]
+    Sled(#[from] sled::Error),
     #[error("audit entry {seq} is unreadable: {message}")]
     Corrupt { seq: u64, message: String },
     #[error(
@@ -39,6 +46,22 @@ pub enum StoreError {
     Failed { reason: String },
     #[error("the audit writer has stopped (the daemon is shutting down, or the thread ended)")]
     WriterGone,
+    #[error("pruning needs the audit key, to sign where the log now starts")]
+    NoPruningKey,
+    #[error("audit key {path}: {message}")]
+    Key { path: PathBuf, message: String },
+    #[error("export line {line}: {message}")]
+    Export { line: usize, message: String },
+}
+
+impl StoreError {
+    /// An I/O error while doing `context`.
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
 }
 
 /// sled's page cache. Its default (1 GiB) lets a daemon that appends
@@ -95,7 +118,7 @@ impl Store {
         let tree = self
             .db
             .open_tree("approvals_remembered")
-            .map_err(|e| StoreError::Io(e.to_string()))?;
+            .map_err(StoreError::Sled)?;
         Ok(RememberedApprovals { tree })
     }
 
@@ -123,16 +146,13 @@ impl RememberedApprovals {
 
     /// Who approved, if an approval is remembered for `parts`.
     pub fn get(&self, parts: &[&str]) -> Result<Option<String>, StoreError> {
-        let value = self
-            .tree
-            .get(Self::key(parts))
-            .map_err(|e| StoreError::Io(e.to_string()))?;
+        let value = self.tree.get(Self::key(parts)).map_err(StoreError::Sled)?;
         Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 
     /// Remembers an approval durably.
     pub fn remember(&self, parts: &[&str], approved_by: &str) -> Result<(), StoreError> {
-        let io = |e: sled::Error| StoreError::Io(e.to_string());
+        let io = StoreError::Sled;
         self.tree
             .insert(Self::key(parts), approved_by.as_bytes())
             .map_err(io)?;

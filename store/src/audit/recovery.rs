@@ -1,0 +1,70 @@
+//! Recovery on open: the journal's entries that sled lost in a crash are
+//! put back, once they are checked to continue the chain.
+
+use super::entry::{Entry, decode, entry_hash};
+use super::writer::Writer;
+use crate::StoreError;
+
+impl Writer {
+    /// Puts back into sled the journal's entries that it lost in a crash,
+    /// after checking that they continue the chain; then settles. Entries
+    /// before `kept_from` (the prune marker's first) were pruned. Returns
+    /// how many were put back.
+    pub(super) fn restore(
+        &mut self,
+        frames: Vec<Vec<u8>>,
+        kept_from: u64,
+    ) -> Result<u64, StoreError> {
+        let io = StoreError::Sled;
+        let mut restored = 0;
+        for payload in &frames {
+            let entry: Entry =
+                serde_json::from_slice(payload).map_err(|e| StoreError::Corrupt {
+                    seq: self.seq + 1,
+                    message: format!("in the journal: {e}"),
+                })?;
+            if entry.seq <= self.seq {
+                // sled kept it (it must be the same), lost it while keeping
+                // later ones (put it back), or it was pruned since (skip).
+                let key = entry.seq.to_be_bytes();
+                match self.tree.get(key).map_err(io)? {
+                    Some(stored) if decode(&key, &stored)?.hash != entry.hash => {
+                        return Err(StoreError::Corrupt {
+                            seq: entry.seq,
+                            message: "the journal and the log hold different entries".into(),
+                        });
+                    }
+                    Some(_) => {}
+                    None if entry.seq >= kept_from => {
+                        self.tree.insert(key, payload.as_slice()).map_err(io)?;
+                        restored += 1;
+                    }
+                    None => {}
+                }
+                continue;
+            }
+            if entry.seq != self.seq + 1
+                || entry.prev != self.head
+                || entry.hash != entry_hash(entry.seq, &entry.prev, &entry.record)
+            {
+                return Err(StoreError::Corrupt {
+                    seq: entry.seq,
+                    message: format!(
+                        "the journal's entry does not continue the log (which ends at {})",
+                        self.seq
+                    ),
+                });
+            }
+            self.tree
+                .insert(entry.seq.to_be_bytes(), payload.as_slice())
+                .map_err(io)?;
+            (self.seq, self.head) = (entry.seq, entry.hash);
+            restored += 1;
+        }
+        if !frames.is_empty() {
+            self.settle()
+                .map_err(|reason| StoreError::Failed { reason })?;
+        }
+        Ok(restored)
+    }
+}
