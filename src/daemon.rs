@@ -10,32 +10,55 @@ use crate::provider::Providers;
 use crate::resources::Resources;
 use crate::server::Gateway;
 use crate::shell::Shell;
+use crate::shell::process::{Processes, StillAllowed, keeper};
 use crate::tools::Tools;
 
-/// Every provider this daemon serves.
-pub fn providers(config: &Config) -> Providers {
-    Providers::new()
-        .with(Arc::new(Resources))
-        .with(Arc::new(Files))
-        .with(Arc::new(Shell))
-        .with(Arc::new(Tools::new(config.secrets_dir.clone())))
+/// The providers of one run of the daemon, and what they share.
+pub struct Daemon {
+    /// This run's id: in hellos, and in the ids of started processes.
+    pub instance_id: String,
+    /// Every provider this daemon serves.
+    pub providers: Providers,
+    /// The shell's started processes (`resource.*` lists them too).
+    processes: Processes,
 }
 
-/// Starts what the providers run beside requests: the shell's keeper,
-/// which re-decides started processes on policy changes and ends them at
-/// shutdown.
-pub fn spawn_keepers(gateway: &Arc<Gateway>) {
-    let providers = gateway.providers.clone();
-    let still_allowed: crate::shell::process::StillAllowed =
-        Arc::new(move |policy, principal, request, now| {
+impl Daemon {
+    pub fn assemble(config: &Config) -> Self {
+        let instance_id = crate::random_id();
+        let processes = Processes::new(&instance_id);
+        let providers = Providers::new()
+            .with(Arc::new(Resources::new(processes.clone())))
+            .with(Arc::new(Files))
+            .with(Arc::new(Shell::new(processes.clone())))
+            .with(Arc::new(Tools::new(config.secrets_dir.clone())));
+        Self {
+            instance_id,
+            providers,
+            processes,
+        }
+    }
+
+    /// Starts what the providers run beside requests: the shell's keeper,
+    /// which re-decides started processes on policy changes and ends them
+    /// at shutdown.
+    pub fn spawn_keepers(&self, gateway: &Arc<Gateway>) {
+        let providers = gateway.providers.clone();
+        let still_allowed: StillAllowed = Arc::new(move |policy, principal, request, now| {
             providers.still_allowed(policy, principal, request, now)
         });
-    tokio::spawn(crate::shell::process::keeper(
-        &gateway.instance_id,
-        gateway.policy.subscribe(),
-        gateway.shutdown.clone(),
-        still_allowed,
-    ));
+        tokio::spawn(keeper(
+            self.processes.clone(),
+            gateway.policy.subscribe(),
+            gateway.shutdown.clone(),
+            still_allowed,
+        ));
+    }
+
+    /// Waits (up to `grace`) until every started process has exited.
+    pub async fn processes_exited(&self, grace: std::time::Duration) {
+        self.processes.all_exited(grace).await;
+    }
 }
 
 #[cfg(test)]
@@ -52,7 +75,7 @@ mod tests {
             std::path::Path::new("/etc/portcullis/portcullis.toml"),
         )
         .unwrap();
-        let providers = providers(&config);
+        let providers = Daemon::assemble(&config).providers;
         let mut declared: Vec<&str> = providers.methods().map(|m| m.name).collect();
         declared.sort_unstable();
         assert_eq!(declared.len(), 27, "{declared:?}");

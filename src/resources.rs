@@ -15,6 +15,8 @@ use serde_json::{Value, json};
 
 use portcullis_policy::Capability;
 
+use crate::shell::process::Processes;
+
 use crate::provider::{Call, Method, Outbound, Outbox, Provider, Reply, SessionGone};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Frame, Request};
 
@@ -153,8 +155,17 @@ fn describe(id: &str, held: &Held) -> Value {
     value
 }
 
-/// `resource.list`, `resource.get`, `resource.dispose`.
-pub struct Resources;
+/// `resource.list`, `resource.get`, `resource.dispose`: the session's
+/// resources, and the principal's started processes.
+pub struct Resources {
+    processes: Processes,
+}
+
+impl Resources {
+    pub fn new(processes: Processes) -> Self {
+        Self { processes }
+    }
+}
 
 impl Provider for Resources {
     fn methods(&self) -> &'static [Method] {
@@ -167,10 +178,12 @@ impl Provider for Resources {
     }
 
     fn call(&self, call: Call) -> Reply {
+        let processes = self.processes.clone();
         Box::pin(async move {
             let resources = call.resources;
-            let processes = || {
-                crate::shell::process::of(&call.principal)
+            let mine = || {
+                processes
+                    .of(&call.principal)
                     .iter()
                     .map(|p| {
                         let mut info = p.describe();
@@ -182,7 +195,7 @@ impl Provider for Resources {
             };
             if call.request.method == "resource.list" {
                 let mut all = resources.list();
-                all.extend(processes());
+                all.extend(mine());
                 return Ok(json!({ "resources": all }));
             }
             let Some(id) = call.request.params.get("id").and_then(Value::as_str) else {
@@ -199,21 +212,21 @@ impl Provider for Resources {
             };
             if call.request.method == "resource.get" {
                 let mut all = resources.list();
-                all.extend(processes());
+                all.extend(mine());
                 let found = all.into_iter().find(|r| r["id"] == id);
                 return found.ok_or_else(not_found);
             }
             if resources.dispose(id) {
                 return Ok(json!({ "id": id, "disposed": true }));
             }
-            let Ok(process) = crate::shell::process::find(&call.principal, id) else {
+            let Ok(process) = processes.find(&call.principal, id) else {
                 return Err(not_found());
             };
             // A process is stopped (if it runs) and forgotten.
             process
                 .stop_and_wait(crate::shell::process::StopReason::Disposed)
                 .await;
-            crate::shell::process::forget(id);
+            processes.forget(id);
             Ok(json!({ "id": id, "disposed": true }))
         })
     }

@@ -122,7 +122,8 @@ async fn fixture(max_in_flight: usize) -> Fixture {
     let providers = Providers::new().with(Arc::new(SlowTool {
         dropped_early: dropped_early.clone(),
     }));
-    let gateway = Gateway::new(config, key, policy, store.audit(None).unwrap(), providers);
+    let audit = store.audit(None).unwrap();
+    let gateway = Gateway::new(config, key, policy, audit, providers, "inflight".into());
     let gateway = Arc::new(gateway);
     let listener = server::bind(&gateway, Vec::new()).await.unwrap().remove(0);
     let url = format!("ws://{}", listener.local_addr().unwrap());

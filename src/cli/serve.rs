@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use portcullis::config::Config;
+use portcullis::daemon::Daemon;
 use portcullis::server::{self, Gateway};
 use portcullis::systemd;
 use portcullis_policy::load_file;
@@ -75,8 +76,9 @@ pub fn serve(config: &Path) -> ExitCode {
         Ok(remembered) => remembered,
         Err(e) => return fail(e),
     };
-    let providers = portcullis::daemon::providers(&config);
-    let mut gateway = Gateway::new(config, key, policy, audit, providers);
+    let daemon = Daemon::assemble(&config);
+    let (providers, instance_id) = (daemon.providers.clone(), daemon.instance_id.clone());
+    let mut gateway = Gateway::new(config, key, policy, audit, providers, instance_id);
     gateway.approvals = portcullis::server::approvals::Approvals::new(Some(remembered));
     if let Some(files) = &gateway.config.tls {
         match portcullis::tls::acceptor(&files.cert, &files.key) {
@@ -84,10 +86,14 @@ pub fn serve(config: &Path) -> ExitCode {
             Err(e) => return fail(e),
         }
     }
-    runtime.block_on(run(Arc::new(gateway), inherited))
+    runtime.block_on(run(Arc::new(gateway), daemon, inherited))
 }
 
-async fn run(gateway: Arc<Gateway>, inherited: Vec<std::net::TcpListener>) -> ExitCode {
+async fn run(
+    gateway: Arc<Gateway>,
+    daemon: Daemon,
+    inherited: Vec<std::net::TcpListener>,
+) -> ExitCode {
     let listeners = match server::bind(&gateway, inherited).await {
         Ok(listeners) => listeners,
         Err(e) => return fail(e),
@@ -111,7 +117,7 @@ async fn run(gateway: Arc<Gateway>, inherited: Vec<std::net::TcpListener>) -> Ex
             Err(e) => return fail(format!("cannot listen for metrics on {addr}: {e}")),
         }
     }
-    portcullis::daemon::spawn_keepers(&gateway);
+    daemon.spawn_keepers(&gateway);
     tokio::task::spawn_blocking(log_sandbox_support);
     if !gateway.config.audit.retains_everything() {
         tokio::spawn(retention(gateway.clone()));
@@ -164,7 +170,7 @@ async fn run(gateway: Arc<Gateway>, inherited: Vec<std::net::TcpListener>) -> Ex
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Started processes were stopped with the shutdown; let them go first.
-    portcullis::shell::process::all_exited(Duration::from_secs(3)).await;
+    daemon.processes_exited(Duration::from_secs(3)).await;
     // Sign the tail of the audit log, so a stopped log is fully covered.
     gateway.audit.checkpoint().await;
     if gateway.sessions.count() > 0 {

@@ -49,13 +49,14 @@ impl Gateway {
         policy: Policy,
         audit: AuditLog,
         providers: Providers,
+        instance_id: String,
     ) -> Self {
         let paused = config.state_dir.join("paused").exists();
         let connections = Arc::new(Semaphore::new(config.limits.max_connections));
         Self {
             config,
             key,
-            instance_id: crate::random_id(),
+            instance_id,
             policy: watch::Sender::new(Arc::new(policy)),
             paused: watch::Sender::new(paused),
             sessions: Sessions::default(),

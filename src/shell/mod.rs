@@ -23,7 +23,7 @@ use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use portcullis_policy::{Capability, Mode, Network, SandboxMode, ShellTerms, Target, Terms};
@@ -44,7 +44,30 @@ use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 /// process that left the group with `setsid` could hold them).
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
-pub struct Shell;
+/// The `shell` provider: commands, started processes, terminals. Cloning
+/// shares its state.
+#[derive(Clone)]
+pub struct Shell(Arc<State>);
+
+struct State {
+    processes: process::Processes,
+    slots: Slots,
+}
+
+impl Shell {
+    /// A shell provider whose started processes live in `processes` (the
+    /// keeper and `resource.*` see the same table).
+    pub fn new(processes: process::Processes) -> Self {
+        Self(Arc::new(State {
+            processes,
+            slots: Slots::default(),
+        }))
+    }
+
+    pub fn processes(&self) -> &process::Processes {
+        &self.0.processes
+    }
+}
 
 /// A method that runs a command.
 const fn runs(name: &'static str) -> Method {
@@ -125,7 +148,7 @@ impl Provider for Shell {
         vec![Gauge {
             name: "portcullis_processes",
             help: "Started processes (shell.start) the gateway holds, running or exited and kept for attach.",
-            value: process::count() as f64,
+            value: self.0.processes.count() as f64,
         }]
     }
 
@@ -141,16 +164,17 @@ impl Provider for Shell {
     }
 
     fn call(&self, call: Call) -> Reply {
+        let shell = self.clone();
         match call.request.method.as_str() {
-            "shell.start" => Box::pin(start::start(call)),
-            "shell.input" => Box::pin(start::input(call)),
-            "shell.signal" => Box::pin(start::signal(call)),
-            "shell.cancel" => Box::pin(start::cancel(call)),
-            "shell.status" => Box::pin(start::status(call)),
-            "shell.list" => Box::pin(start::list(call)),
-            "shell.attach" => Box::pin(start::attach(call)),
-            "shell.resize" => Box::pin(start::resize(call)),
-            _ => Box::pin(exec(call)),
+            "shell.start" => Box::pin(start::start(shell, call)),
+            "shell.input" => Box::pin(start::input(shell, call)),
+            "shell.signal" => Box::pin(start::signal(shell, call)),
+            "shell.cancel" => Box::pin(start::cancel(shell, call)),
+            "shell.status" => Box::pin(start::status(shell, call)),
+            "shell.list" => Box::pin(start::list(shell, call)),
+            "shell.attach" => Box::pin(start::attach(shell, call)),
+            "shell.resize" => Box::pin(start::resize(shell, call)),
+            _ => Box::pin(exec(shell, call)),
         }
     }
 }
@@ -179,14 +203,16 @@ fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorB
         .map_err(|e| invalid(format!("{} params: {e}", request.method)))
 }
 
-async fn exec(mut call: Call) -> Result<Value, ErrorBody> {
+async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
     let p: ExecParams = params(&call.request)?;
     let terms = shell_terms(call.terms)?;
     let io = Io::Piped {
         stdin: p.stdin.is_some(),
     };
     let start_entry = &mut call.start_entry;
-    let mut running = spawn(&call.principal, &terms, &p.command, io, start_entry).await?;
+    let mut running = shell
+        .spawn(&call.principal, &terms, &p.command, io, start_entry)
+        .await?;
     let cap = terms.output_limit.min(OUTPUT_CAP as u64) as usize;
     let stdout = tokio::spawn(read_capped(running.child.stdout.take(), cap));
     let stderr = tokio::spawn(read_capped(running.child.stderr.take(), cap));
@@ -280,8 +306,22 @@ const DEFAULT_TERM: &str = "xterm-256color";
 /// front. The program itself runs only once `start_entry` is durable: a
 /// piped command's launcher sets up the sandbox meanwhile and waits to be
 /// released; a terminal's is started after it.
-pub(crate) async fn spawn(
-    principal: &str,
+impl Shell {
+    pub(crate) async fn spawn(
+        &self,
+        principal: &str,
+        terms: &ShellTerms,
+        command: &[String],
+        io: Io<'_>,
+        start_entry: &mut StartEntry,
+    ) -> Result<Running, ErrorBody> {
+        let slot = self.0.slots.take(principal, terms.max_processes)?;
+        spawn(slot, terms, command, io, start_entry).await
+    }
+}
+
+async fn spawn(
+    slot: ProcessSlot,
     terms: &ShellTerms,
     command: &[String],
     io: Io<'_>,
@@ -290,7 +330,6 @@ pub(crate) async fn spawn(
     let Some((program, args)) = command.split_first() else {
         return Err(invalid("`command` must name a program"));
     };
-    let slot = ProcessSlot::take(principal, terms.max_processes)?;
     let program = resolve(program, terms)?;
     let cwd = WorkingDir::open(terms)?;
     let terminal = matches!(io, Io::Terminal(_));
@@ -784,20 +823,17 @@ impl WorkingDir {
     }
 }
 
-/// One of a principal's `max_processes` concurrent commands, held while
-/// the command runs.
-struct ProcessSlot {
-    principal: String,
-}
+/// Each principal's commands running now, against its `max_processes`.
+#[derive(Clone, Default)]
+struct Slots(Arc<Mutex<HashMap<String, u32>>>);
 
-fn running() -> &'static Mutex<HashMap<String, u32>> {
-    static RUNNING: OnceLock<Mutex<HashMap<String, u32>>> = OnceLock::new();
-    RUNNING.get_or_init(Mutex::default)
-}
+impl Slots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
-impl ProcessSlot {
-    fn take(principal: &str, max: u32) -> Result<Self, ErrorBody> {
-        let mut running = running().lock().unwrap_or_else(|e| e.into_inner());
+    fn take(&self, principal: &str, max: u32) -> Result<ProcessSlot, ErrorBody> {
+        let mut running = self.lock();
         let count = running.entry(principal.to_string()).or_default();
         if *count >= max {
             return Err(ErrorBody::new(
@@ -806,16 +842,23 @@ impl ProcessSlot {
             ));
         }
         *count += 1;
-        Ok(Self {
+        Ok(ProcessSlot {
+            slots: self.clone(),
             principal: principal.to_string(),
         })
     }
 }
 
+/// One of a principal's `max_processes` concurrent commands, held while
+/// the command runs.
+struct ProcessSlot {
+    slots: Slots,
+    principal: String,
+}
+
 impl Drop for ProcessSlot {
     fn drop(&mut self) {
-        let mut running = running().lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = running.get_mut(&self.principal) {
+        if let Some(count) = self.slots.lock().get_mut(&self.principal) {
             *count = count.saturating_sub(1);
         }
     }

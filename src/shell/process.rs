@@ -123,9 +123,9 @@ pub struct Spec {
 }
 
 impl Process {
-    fn new(seq: u64, spec: Spec) -> Self {
+    fn new(seq: u64, tag: &str, spec: Spec) -> Self {
         Self {
-            id: format!("p{seq}-{}", instance_tag()),
+            id: format!("p{seq}-{tag}"),
             seq,
             owner: spec.owner,
             request: spec.request,
@@ -487,9 +487,17 @@ pub async fn stream(
     }
 }
 
-/// Processes held now (running, or exited and kept for attach).
-pub fn count() -> usize {
-    table().by_id.len()
+/// Every process the shell provider started in this run of the gateway,
+/// by id: its table (and what `resource.*` lists of a principal's). Cloning
+/// shares it.
+#[derive(Clone)]
+pub struct Processes(Arc<Held>);
+
+struct Held {
+    table: Mutex<Table>,
+    /// This run of the gateway, in process ids: `p7-3f9a1c2e`. Ids of an
+    /// earlier run are recognised as such.
+    tag: String,
 }
 
 /// Every process, by id.
@@ -499,80 +507,100 @@ struct Table {
     by_id: BTreeMap<String, Arc<Process>>,
 }
 
-fn table() -> MutexGuard<'static, Table> {
-    static TABLE: OnceLock<Mutex<Table>> = OnceLock::new();
-    lock(TABLE.get_or_init(Mutex::default))
-}
-
-/// This run of the gateway, in process ids: `p7-3f9a1c2e`. Ids of an
-/// earlier run are recognised as such.
-fn instance_tag() -> &'static str {
-    INSTANCE.get_or_init(|| crate::random_id()[..8].to_string())
-}
-
-static INSTANCE: OnceLock<String> = OnceLock::new();
-
-/// Registers a new process under a fresh id. Of the owner's exited
-/// processes, only the newest [`KEEP_EXITED`] stay.
-pub fn register(spec: Spec) -> Arc<Process> {
-    let mut table = table();
-    table.next += 1;
-    let process = Arc::new(Process::new(table.next, spec));
-    let mut exited: Vec<(u64, String)> = table
-        .by_id
-        .values()
-        .filter(|p| p.owner == process.owner && !p.running())
-        .map(|p| (p.seq, p.id.clone()))
-        .collect();
-    exited.sort_unstable();
-    let excess = (exited.len() + 1).saturating_sub(KEEP_EXITED);
-    for (_, old) in exited.iter().take(excess) {
-        table.by_id.remove(old);
+impl Processes {
+    /// An empty table whose ids end in the first 8 characters of
+    /// `instance_id` (the gateway's, as its hello names it).
+    pub fn new(instance_id: &str) -> Self {
+        Self(Arc::new(Held {
+            table: Mutex::default(),
+            tag: instance_id.chars().take(8).collect(),
+        }))
     }
-    table.by_id.insert(process.id.clone(), process.clone());
-    process
-}
 
-pub fn forget(id: &str) {
-    table().by_id.remove(id);
-}
-
-/// The caller's own process `id`. Another principal's is `not_found` too,
-/// so ids of other principals' processes are not disclosed.
-pub fn find(principal: &str, id: &str) -> Result<Arc<Process>, ErrorBody> {
-    if let Some(process) = table().by_id.get(id).filter(|p| p.owner == principal) {
-        process.touch();
-        return Ok(process.clone());
+    fn table(&self) -> MutexGuard<'_, Table> {
+        lock(&self.0.table)
     }
-    let earlier = id
-        .rsplit_once('-')
-        .is_some_and(|(n, tag)| n.starts_with('p') && tag.len() == 8 && tag != instance_tag());
-    let message = if earlier {
-        format!(
-            "process `{id}` was started by an earlier run of the gateway, and ended when it \
-             stopped (this run's ids end in `-{}`)",
-            instance_tag()
-        )
-    } else {
-        format!("no process `{id}` of yours (it may have exited and been forgotten)")
-    };
-    Err(ErrorBody::new(ErrorCode::NotFound, message))
-}
 
-/// The principal's processes, oldest first.
-pub fn of(principal: &str) -> Vec<Arc<Process>> {
-    let mut mine: Vec<Arc<Process>> = table()
-        .by_id
-        .values()
-        .filter(|p| p.owner == principal)
-        .cloned()
-        .collect();
-    mine.sort_by_key(|p| p.seq);
-    mine
-}
+    /// Processes held now (running, or exited and kept for attach).
+    pub fn count(&self) -> usize {
+        self.table().by_id.len()
+    }
 
-fn all() -> Vec<Arc<Process>> {
-    table().by_id.values().cloned().collect()
+    /// Registers a new process under a fresh id. Of the owner's exited
+    /// processes, only the newest [`KEEP_EXITED`] stay.
+    pub fn register(&self, spec: Spec) -> Arc<Process> {
+        let mut table = self.table();
+        table.next += 1;
+        let process = Arc::new(Process::new(table.next, &self.0.tag, spec));
+        let mut exited: Vec<(u64, String)> = table
+            .by_id
+            .values()
+            .filter(|p| p.owner == process.owner && !p.running())
+            .map(|p| (p.seq, p.id.clone()))
+            .collect();
+        exited.sort_unstable();
+        let excess = (exited.len() + 1).saturating_sub(KEEP_EXITED);
+        for (_, old) in exited.iter().take(excess) {
+            table.by_id.remove(old);
+        }
+        table.by_id.insert(process.id.clone(), process.clone());
+        process
+    }
+
+    pub fn forget(&self, id: &str) {
+        self.table().by_id.remove(id);
+    }
+
+    /// The caller's own process `id`. Another principal's is `not_found`
+    /// too, so ids of other principals' processes are not disclosed.
+    pub fn find(&self, principal: &str, id: &str) -> Result<Arc<Process>, ErrorBody> {
+        if let Some(process) = self.table().by_id.get(id).filter(|p| p.owner == principal) {
+            process.touch();
+            return Ok(process.clone());
+        }
+        let tag = &self.0.tag;
+        let earlier = id
+            .rsplit_once('-')
+            .is_some_and(|(n, other)| n.starts_with('p') && other.len() == 8 && other != tag);
+        let message = if earlier {
+            format!(
+                "process `{id}` was started by an earlier run of the gateway, and ended when it \
+                 stopped (this run's ids end in `-{tag}`)"
+            )
+        } else {
+            format!("no process `{id}` of yours (it may have exited and been forgotten)")
+        };
+        Err(ErrorBody::new(ErrorCode::NotFound, message))
+    }
+
+    /// The principal's processes, oldest first.
+    pub fn of(&self, principal: &str) -> Vec<Arc<Process>> {
+        let mut mine: Vec<Arc<Process>> = self
+            .table()
+            .by_id
+            .values()
+            .filter(|p| p.owner == principal)
+            .cloned()
+            .collect();
+        mine.sort_by_key(|p| p.seq);
+        mine
+    }
+
+    fn all(&self) -> Vec<Arc<Process>> {
+        self.table().by_id.values().cloned().collect()
+    }
+
+    /// Waits (up to `grace`) for every process to have exited; for
+    /// shutdown.
+    pub async fn all_exited(&self, grace: Duration) {
+        let processes = self.all();
+        let every = async {
+            for process in processes {
+                process.exited().await;
+            }
+        };
+        let _ = tokio::time::timeout(grace, every).await;
+    }
 }
 
 /// How often the keeper looks at every process.
@@ -584,19 +612,9 @@ pub type StillAllowed = Arc<dyn Fn(&Policy, &str, &Request, jiff::Timestamp) -> 
 
 /// The task that ends processes the policy no longer allows (on every
 /// policy change, and every second for expiries), ends or forgets idle
-/// ones, and stops every process when `shutdown` fires. Process ids carry
-/// `instance_id` from the moment this is called.
-pub fn keeper(
-    instance_id: &str,
-    policy: watch::Receiver<Arc<Policy>>,
-    shutdown: CancellationToken,
-    still_allowed: StillAllowed,
-) -> impl std::future::Future<Output = ()> + use<> {
-    let _ = INSTANCE.set(instance_id.chars().take(8).collect());
-    keep(policy, shutdown, still_allowed)
-}
-
-async fn keep(
+/// ones, and stops every process when `shutdown` fires.
+pub async fn keeper(
+    processes: Processes,
     mut policy: watch::Receiver<Arc<Policy>>,
     shutdown: CancellationToken,
     still_allowed: StillAllowed,
@@ -607,7 +625,7 @@ async fn keep(
             _ = tick.tick() => {}
             Ok(()) = policy.changed() => {}
             () = shutdown.cancelled() => {
-                for process in all() {
+                for process in processes.all() {
                     process.stop(StopReason::Shutdown);
                 }
                 return;
@@ -615,7 +633,7 @@ async fn keep(
         }
         let current = policy.borrow_and_update().clone();
         let (now, instant) = (jiff::Timestamp::now(), Instant::now());
-        for process in all() {
+        for process in processes.all() {
             let revoked = || !still_allowed(&current, &process.owner, &process.request, now);
             if process.running() && !process.survive_revocation && revoked() {
                 tracing::info!(process = %process.id, principal = %process.owner, "process revoked by the policy");
@@ -623,22 +641,11 @@ async fn keep(
             } else if process.persist && process.idle(instant) {
                 match process.running() {
                     true => process.stop(StopReason::Idle),
-                    false => forget(&process.id),
+                    false => processes.forget(&process.id),
                 }
             }
         }
     }
-}
-
-/// Waits (up to `grace`) for every process to have exited; for shutdown.
-pub async fn all_exited(grace: Duration) {
-    let processes = all();
-    let every = async {
-        for process in processes {
-            process.exited().await;
-        }
-    };
-    let _ = tokio::time::timeout(grace, every).await;
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::process::{self, Process, Spec, StdinChunk, StopReason};
 use super::pty::{self, Pty};
 use super::{
-    Io, drained, exit_result, invalid, params, provider_error, shell_terms, spawn, time_limit,
+    Io, Shell, drained, exit_result, invalid, params, provider_error, shell_terms, time_limit,
 };
 use crate::files::Encoding;
 use crate::provider::{Call, StartEntry};
@@ -44,11 +44,11 @@ struct StartParams {
     stdin: Option<String>,
 }
 
-pub async fn start(mut call: Call) -> Result<Value, ErrorBody> {
+pub async fn start(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
     let p: StartParams = params(&call.request)?;
     let terms = shell_terms(call.terms.clone())?;
     let mut start_entry = std::mem::replace(&mut call.start_entry, StartEntry::durable());
-    let process = launch(&call, &p, &terms, &mut start_entry).await?;
+    let process = launch(&shell, &call, &p, &terms, &mut start_entry).await?;
     let mut started = json!({
         "process_id": process.id,
         "pid": process.pid,
@@ -67,6 +67,7 @@ pub async fn start(mut call: Call) -> Result<Value, ErrorBody> {
 
 /// Starts the process with its output pumps, stdin feeder and supervisor.
 async fn launch(
+    shell: &Shell,
     call: &Call,
     p: &StartParams,
     terms: &portcullis_policy::ShellTerms,
@@ -94,7 +95,9 @@ async fn launch(
             stdin: p.stdin.as_ref().is_none_or(|text| !text.is_empty()),
         },
     };
-    let mut running = spawn(&call.principal, terms, &p.command, io, start_entry).await?;
+    let mut running = shell
+        .spawn(&call.principal, terms, &p.command, io, start_entry)
+        .await?;
     let (stdin_tx, stdin_rx) = mpsc::channel(16);
     if let Some(text) = p.stdin.as_ref().filter(|text| !text.is_empty()) {
         call.usage.add_in(text.len());
@@ -102,7 +105,8 @@ async fn launch(
         let _ = stdin_tx.try_send(StdinChunk::Data(Bytes::from(text.clone())));
         let _ = stdin_tx.try_send(StdinChunk::End);
     }
-    let process = process::register(Spec {
+    let processes = shell.processes().clone();
+    let process = processes.register(Spec {
         owner: call.principal.clone(),
         request: call.request.clone(),
         command: p.command.clone(),
@@ -179,7 +183,7 @@ async fn launch(
         drop(running);
         supervised.finish(result);
         if !supervised.persist {
-            process::forget(&supervised.id);
+            processes.forget(&supervised.id);
         }
     });
     Ok(process)
@@ -291,9 +295,9 @@ struct AttachParams {
 /// Follows a process of the caller's from `from_seq` (or the oldest
 /// output kept): an `attached` stream frame saying what is replayed and
 /// whether anything asked for is gone, then the output, then its exit.
-pub async fn attach(call: Call) -> Result<Value, ErrorBody> {
+pub async fn attach(shell: Shell, call: Call) -> Result<Value, ErrorBody> {
     let p: AttachParams = params(&call.request)?;
-    let process = process::find(&call.principal, &p.process_id)?;
+    let process = shell.processes().find(&call.principal, &p.process_id)?;
     let (first, next) = process.output.span();
     let from = p.from_seq.unwrap_or(first);
     if from > next {
@@ -336,7 +340,7 @@ struct InputParams {
     eof: bool,
 }
 
-pub async fn input(call: Call) -> Result<Value, ErrorBody> {
+pub async fn input(shell: Shell, call: Call) -> Result<Value, ErrorBody> {
     let p: InputParams = params(&call.request)?;
     let data = match p.encoding {
         Encoding::Utf8 => p.data.into_bytes(),
@@ -344,7 +348,7 @@ pub async fn input(call: Call) -> Result<Value, ErrorBody> {
             .decode(&p.data)
             .map_err(|e| invalid(format!("data: {e}")))?,
     };
-    let process = process::find(&call.principal, &p.process_id)?;
+    let process = shell.processes().find(&call.principal, &p.process_id)?;
     let n = data.len();
     call.usage.add_in(n);
     let closed = || ErrorBody::new(ErrorCode::NotFound, "the process no longer reads its input");
@@ -372,12 +376,12 @@ struct ResizeParams {
     rows: u16,
 }
 
-pub async fn resize(call: Call) -> Result<Value, ErrorBody> {
+pub async fn resize(shell: Shell, call: Call) -> Result<Value, ErrorBody> {
     let p: ResizeParams = params(&call.request)?;
     if !(1..=1000).contains(&p.cols) || !(1..=1000).contains(&p.rows) {
         return Err(invalid("cols and rows must be between 1 and 1000"));
     }
-    let process = process::find(&call.principal, &p.process_id)?;
+    let process = shell.processes().find(&call.principal, &p.process_id)?;
     let Some(master) = &process.terminal else {
         return Err(invalid(format!(
             "process `{}` has no terminal (start it with `pty: true`)",
@@ -397,7 +401,7 @@ struct SignalParams {
     signal: String,
 }
 
-pub async fn signal(call: Call) -> Result<Value, ErrorBody> {
+pub async fn signal(shell: Shell, call: Call) -> Result<Value, ErrorBody> {
     let p: SignalParams = params(&call.request)?;
     // Only these may be sent; the names are the ones `shell.exec` reports.
     const SENDABLE: &[&str] = &[
@@ -410,7 +414,7 @@ pub async fn signal(call: Call) -> Result<Value, ErrorBody> {
         .flatten()
         .and_then(Signal::from_named_raw)
         .ok_or_else(|| invalid(format!("signal `{bare}`: one of {}", SENDABLE.join(", "))))?;
-    let process = process::find(&call.principal, &p.process_id)?;
+    let process = shell.processes().find(&call.principal, &p.process_id)?;
     // Until the launcher has made its process group (`setsid`, its first
     // step) the group does not exist: the signal goes to the launcher then.
     let sent = process.running()
@@ -425,21 +429,26 @@ pub async fn signal(call: Call) -> Result<Value, ErrorBody> {
     Ok(json!({"process_id": p.process_id, "signal": p.signal, "sent": sent}))
 }
 
-pub async fn cancel(call: Call) -> Result<Value, ErrorBody> {
+pub async fn cancel(shell: Shell, call: Call) -> Result<Value, ErrorBody> {
     let p: ProcessParams = params(&call.request)?;
-    let process = process::find(&call.principal, &p.process_id)?;
+    let process = shell.processes().find(&call.principal, &p.process_id)?;
     let was_running = process.running();
     process.stop_and_wait(StopReason::Cancelled).await;
     Ok(json!({"process_id": p.process_id, "cancelled": was_running}))
 }
 
-pub async fn status(call: Call) -> Result<Value, ErrorBody> {
+pub async fn status(shell: Shell, call: Call) -> Result<Value, ErrorBody> {
     let p: ProcessParams = params(&call.request)?;
-    Ok(process::find(&call.principal, &p.process_id)?.describe())
+    Ok(shell
+        .processes()
+        .find(&call.principal, &p.process_id)?
+        .describe())
 }
 
-pub async fn list(call: Call) -> Result<Value, ErrorBody> {
-    let mine: Vec<Value> = process::of(&call.principal)
+pub async fn list(shell: Shell, call: Call) -> Result<Value, ErrorBody> {
+    let mine: Vec<Value> = shell
+        .processes()
+        .of(&call.principal)
         .iter()
         .map(|p| p.describe())
         .collect();
