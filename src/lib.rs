@@ -1,9 +1,11 @@
 //! portcullis: a hardened gateway that lets remote AI-agent runtimes use
 //! this host's capabilities only as far as an operator's policy grants.
 //!
-//! This crate holds the wire codec ([`record`], [`frame`]) and the key file
-//! handling ([`keyfile`]); the server, sessions, capability providers and
-//! client library are built on them. See `ARCHITECTURE.md` for the map.
+//! This crate is the daemon: the server and its one admission path
+//! ([`server`]), the provider API ([`provider`]) and the providers below it
+//! ([`files`], [`shell`], [`tools`], [`resources`]), assembled in
+//! [`daemon`]. The wire is `portcullis-wire`, the client library
+//! `portcullis-client`. See `ARCHITECTURE.md` for the map.
 
 #![forbid(unsafe_code)]
 

@@ -23,7 +23,11 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn connect_remembers_the_gateway_key_and_ping_uses_it() {
-    let home = std::env::temp_dir().join(format!("portcullis-cli-client-{}", std::process::id()));
+    let home_dir = tempfile::Builder::new()
+        .prefix("portcullis-cli-client-")
+        .tempdir()
+        .unwrap();
+    let home = home_dir.path().to_path_buf();
     let _ = std::fs::remove_dir_all(&home);
     std::fs::create_dir_all(&home).unwrap();
     let alice_file = home.join("alice.key");
@@ -101,7 +105,11 @@ fn connect_remembers_the_gateway_key_and_ping_uses_it() {
 
 #[test]
 fn file_verbs_put_get_cat_ls_stat_mkdir_rm_and_grep() {
-    let home = std::env::temp_dir().join(format!("portcullis-cli-files-{}", std::process::id()));
+    let home_dir = tempfile::Builder::new()
+        .prefix("portcullis-cli-files-")
+        .tempdir()
+        .unwrap();
+    let home = home_dir.path().to_path_buf();
     let _ = std::fs::remove_dir_all(&home);
     std::fs::create_dir_all(&home).unwrap();
     let alice_file = home.join("alice.key");

@@ -71,7 +71,11 @@ fn doctor_names_a_missing_root_and_passes_once_it_exists() {
 
 #[test]
 fn doctor_fails_on_a_config_that_does_not_load() {
-    let dir = std::env::temp_dir().join(format!("portcullis-doctor-{}", std::process::id()));
+    let dir_dir = tempfile::Builder::new()
+        .prefix("portcullis-doctor-")
+        .tempdir()
+        .unwrap();
+    let dir = dir_dir.path().to_path_buf();
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("portcullis.toml");
     std::fs::write(&config, "listen = [\"127.0.0.1:0\"]\nkey_file = 3\n").unwrap();

@@ -9,7 +9,7 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Gateway, key_b64};
+use common::{Gateway, code, key_b64};
 use portcullis_client::UploadOptions;
 use portcullis_client::{Client, ClientError};
 use portcullis_crypto::StaticKeypair;
@@ -112,13 +112,6 @@ fn snapshot(dir: &Path) -> BTreeMap<String, String> {
         }
     }
     out
-}
-
-fn code(result: &Result<Value, ClientError>) -> Option<ErrorCode> {
-    match result {
-        Err(ClientError::Remote(e)) => Some(e.code),
-        _ => None,
-    }
 }
 
 /// The requests one path is tried with: every method, both ends of a

@@ -9,11 +9,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, key_b64};
+use common::{Gateway, code, key_b64};
 use portcullis_client::{Client, ClientError};
 use portcullis_crypto::StaticKeypair;
 use portcullis_wire::frame::ErrorCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -95,13 +95,6 @@ async fn wait_for_nested(gw: &Gateway, at_least: usize) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("the script's requests never reached the audit log");
-}
-
-fn code(result: &Result<Value, ClientError>) -> Option<ErrorCode> {
-    match result {
-        Err(ClientError::Remote(e)) => Some(e.code),
-        _ => None,
-    }
 }
 
 #[tokio::test]

@@ -589,7 +589,12 @@ fn the_shell_verb_gives_an_interactive_terminal() {
     use rustix::termios::{LocalModes, Winsize, tcgetattr, tcsetwinsize};
     use std::io::{Read as _, Write as _};
 
-    let home = std::env::temp_dir().join(format!("portcullis-shell-verb-{}", std::process::id()));
+    let home_dir = tempfile::Builder::new()
+        .prefix("portcullis-shell-verb-")
+        .tempdir()
+        .unwrap();
+
+    let home = home_dir.path().to_path_buf();
     let _ = std::fs::remove_dir_all(&home);
     std::fs::create_dir_all(&home).unwrap();
     let alice = portcullis_wire::keyfile::generate(&home.join("alice.key"), false).unwrap();

@@ -8,7 +8,7 @@ mod common;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use common::{Gateway, key_b64, processes_with};
+use common::{Gateway, code, key_b64, processes_with};
 use portcullis_client::{Client, ClientError};
 use portcullis_crypto::StaticKeypair;
 use portcullis_wire::frame::ErrorCode;
@@ -76,13 +76,6 @@ async fn setup() -> Setup {
 
 fn sh(script: &str) -> Value {
     json!({"command": ["sh", "-c", script], "root_id": "main", "cwd": ""})
-}
-
-fn code(result: &Result<Value, ClientError>) -> Option<ErrorCode> {
-    match result {
-        Err(ClientError::Remote(e)) => Some(e.code),
-        _ => None,
-    }
 }
 
 #[tokio::test]
@@ -567,7 +560,11 @@ async fn start_streams_output_takes_input_and_answers_signals_and_cancel() {
 
 #[test]
 fn the_exec_verb_streams_output_and_exits_with_the_remote_code() {
-    let home = std::env::temp_dir().join(format!("portcullis-exec-verb-{}", std::process::id()));
+    let home_dir = tempfile::Builder::new()
+        .prefix("portcullis-exec-verb-")
+        .tempdir()
+        .unwrap();
+    let home = home_dir.path().to_path_buf();
     let _ = std::fs::remove_dir_all(&home);
     std::fs::create_dir_all(&home).unwrap();
     let alice = portcullis_wire::keyfile::generate(&home.join("alice.key"), false).unwrap();

@@ -21,7 +21,11 @@ fn certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf
 #[tokio::test]
 async fn wss_with_the_right_ca_works_and_everything_else_is_refused() {
     let alice = StaticKeypair::generate().unwrap();
-    let certs = std::env::temp_dir().join(format!("portcullis-tls-{}", std::process::id()));
+    let certs_dir = tempfile::Builder::new()
+        .prefix("portcullis-tls-")
+        .tempdir()
+        .unwrap();
+    let certs = certs_dir.path().to_path_buf();
     let (cert, key) = certificate(&certs);
     let policy = format!(
         "[[principal]]\nid = \"alice\"\npublic_key = \"{}\"\n[[grant]]\nid = \"g\"\nprincipals = [\"alice\"]\nresources = {{}}\n",

@@ -99,15 +99,17 @@ struct Fixture {
     client: Client,
     dropped_early: Arc<AtomicUsize>,
     alice: StaticKeypair,
+    /// The gateway's config, keys and store; removed with the fixture.
+    _dir: tempfile::TempDir,
 }
 
 async fn fixture(max_in_flight: usize) -> Fixture {
     let alice = StaticKeypair::generate().unwrap();
-    let dir = std::env::temp_dir().join(format!(
-        "portcullis-inflight-{}-{max_in_flight}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
+    let tmp = tempfile::Builder::new()
+        .prefix("portcullis-inflight-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path().to_path_buf();
     std::fs::create_dir_all(&dir).unwrap();
     let config = format!(
         "listen = [\"127.0.0.1:0\"]\nkey_file = \"k\"\npolicy = \"p\"\nstate_dir = \"s\"\nadmin_socket = \"a\"\n\
@@ -137,13 +139,8 @@ async fn fixture(max_in_flight: usize) -> Fixture {
         client,
         dropped_early,
         alice,
+        _dir: tmp,
     }
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::AtomicU64;
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
 }
 
 fn sleep_params(ms: u64) -> Value {

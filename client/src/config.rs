@@ -115,7 +115,11 @@ mod tests {
 
     #[test]
     fn a_key_is_remembered_once_and_replaced_when_it_changes() {
-        let dir = std::env::temp_dir().join(format!("portcullis-gateways-{}", std::process::id()));
+        let dir_dir = tempfile::Builder::new()
+            .prefix("portcullis-gateways-")
+            .tempdir()
+            .unwrap();
+        let dir = dir_dir.path().to_path_buf();
         let _ = std::fs::remove_dir_all(&dir);
         let url = "ws://127.0.0.1:7443";
         let (first, second) = (

@@ -253,7 +253,11 @@ mod tests {
 
     #[test]
     fn the_kernel_keeps_resolution_beneath_the_root() {
-        let base = std::env::temp_dir().join(format!("portcullis-confine-{}", std::process::id()));
+        let base_dir = tempfile::Builder::new()
+            .prefix("portcullis-confine-")
+            .tempdir()
+            .unwrap();
+        let base = base_dir.path().to_path_buf();
         let root_dir = base.join("root");
         std::fs::create_dir_all(root_dir.join("sub")).unwrap();
         std::fs::write(base.join("secret"), "outside").unwrap();

@@ -90,7 +90,7 @@ impl CipherState {
         Ok(())
     }
 
-    /// `REKEY()` (§4.2): k = ENCRYPT(k, 2^64-1, "", zeros[32]) truncated to 32
+    /// `REKEY()` (§4.2): `k = ENCRYPT(k, 2^64-1, "", zeros[32])` truncated to 32
     /// bytes. The counter is not reset.
     pub(crate) fn rekey(&mut self) {
         let mut new_key = zeroize::Zeroizing::new([0u8; 32]);

@@ -3,7 +3,7 @@
 //!
 //! - [`parse`] / [`load_file`] turn TOML into a validated [`Policy`], or into
 //!   [`PolicyErrors`] that name file, line and column.
-//! - [`decide`] is pure: policy, principal, query and time in; a
+//! - [`decide()`] is pure: policy, principal, query and time in; a
 //!   [`Decision`] with the rule that made it out.
 //! - [`path::normalize`] is the lexical half of path confinement.
 //!

@@ -78,7 +78,7 @@ const SYSTEM_READ: &[&str] = &[
 /// Device files programs write to.
 const SYSTEM_WRITE: &[&str] = &["/dev/null", "/dev/zero", "/dev/tty", "/dev/full"];
 /// The newest Landlock ABI whose filesystem rights are asked for (where
-/// the kernel has them; see [`landlock`]).
+/// the kernel has them; see [`landlock()`]).
 const NEWEST: ABI = ABI::V5;
 
 /// `--cwd`: a directory beneath a root, opened the way the daemon opens a

@@ -15,7 +15,11 @@ use portcullis_sandbox::encode_args;
 /// waits for the release byte; without it the program never runs.
 #[test]
 fn the_launcher_runs_the_program_only_once_released() {
-    let dir = std::env::temp_dir().join(format!("portcullis-release-{}", std::process::id()));
+    let dir_dir = tempfile::Builder::new()
+        .prefix("portcullis-release-")
+        .tempdir()
+        .unwrap();
+    let dir = dir_dir.path().to_path_buf();
     std::fs::create_dir_all(dir.join("sub")).unwrap();
     let marker = dir.join("ran");
     // A waiting launcher, and the arguments the daemon would send it.

@@ -827,7 +827,11 @@ mod tests {
     /// device, and then as `stat` does; errors are left to `stat`.
     #[test]
     fn a_cached_stat_answers_as_stat_does_or_leaves_it_to_stat() {
-        let base = std::env::temp_dir().join(format!("portcullis-stat-{}", std::process::id()));
+        let base_dir = tempfile::Builder::new()
+            .prefix("portcullis-stat-")
+            .tempdir()
+            .unwrap();
+        let base = base_dir.path().to_path_buf();
         let dir = base.join("root");
         std::fs::create_dir_all(dir.join("sub")).unwrap();
         std::fs::write(dir.join("file"), "twelve bytes").unwrap();
@@ -871,7 +875,11 @@ mod tests {
     /// and the unaligned tail each land where they belong.
     #[test]
     fn a_file_written_across_the_direct_write_point_arrives_whole() {
-        let base = std::env::temp_dir().join(format!("portcullis-direct-{}", std::process::id()));
+        let base_dir = tempfile::Builder::new()
+            .prefix("portcullis-direct-")
+            .tempdir()
+            .unwrap();
+        let base = base_dir.path().to_path_buf();
         std::fs::create_dir_all(&base).unwrap();
         let root = crate::files::open_root(&terms(&base, false)).unwrap();
         let from = DIRECT_FROM as usize;

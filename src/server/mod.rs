@@ -1,5 +1,5 @@
 //! The daemon: TCP listeners, HTTP/1.1 with hyper, the WebSocket upgrade at
-//! [`RELAY_PATH`](portcullis_wire::channel::RELAY_PATH), and a session per upgraded
+//! [`portcullis_wire::channel::RELAY_PATH`], and a session per upgraded
 //! connection. Every accepted socket gets `TCP_NODELAY`, holds one of
 //! `max_connections` permits, and must send its request head within
 //! `header_timeout`.
@@ -165,7 +165,7 @@ fn upgrade(
                     Some(ws_config()),
                 )
                 .await;
-                session::run(gateway, ws, peer::Peer::Tcp { addr: peer }).await;
+                session::over_websocket(gateway, ws, peer::Peer::Tcp { addr: peer }).await;
             }
             Err(e) => debug!(%peer, "upgrade failed: {e}"),
         }

@@ -179,7 +179,11 @@ mod tests {
 
     #[test]
     fn open_cuts_a_torn_tail_and_appends_after_it() {
-        let dir = std::env::temp_dir().join(format!("portcullis-journal-{}", std::process::id()));
+        let dir_dir = tempfile::Builder::new()
+            .prefix("portcullis-journal-")
+            .tempdir()
+            .unwrap();
+        let dir = dir_dir.path().to_path_buf();
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("audit.journal");
         let mut bytes = framed(&[b"one".to_vec(), b"two".to_vec()]);

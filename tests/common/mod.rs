@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use portcullis_client::{Client, ClientError, ClientOptions};
 use portcullis_crypto::{Handshake, PROLOGUE, PublicKey, StaticKeypair, Transport};
+use portcullis_wire::frame::ErrorCode;
 use portcullis_wire::keyfile;
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
@@ -240,6 +241,15 @@ impl Drop for Gateway {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// The error code of a request the gateway refused; `None` for a result
+/// or an error of the client's own.
+pub fn code(result: &Result<serde_json::Value, ClientError>) -> Option<ErrorCode> {
+    match result {
+        Err(ClientError::Remote(e)) => Some(e.code),
+        _ => None,
     }
 }
 

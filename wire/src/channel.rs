@@ -186,6 +186,57 @@ where
     )
 }
 
+/// Where a session reads records from: the opened plaintext of one record
+/// per message, whatever carries the messages. The Noise channel over
+/// WebSocket is one; a transport that needs no Noise (a local pipe) is
+/// another.
+pub trait RecordSource: Send {
+    /// The next record; any error ends the channel.
+    fn recv(&mut self) -> impl std::future::Future<Output = Result<Vec<u8>, ChannelError>> + Send;
+}
+
+/// Where a session writes records to; see [`RecordSource`].
+pub trait RecordSink: Send + 'static {
+    /// Queues `record`; with `flush` the queue is written out.
+    fn send(
+        &mut self,
+        record: Vec<u8>,
+        flush: bool,
+    ) -> impl std::future::Future<Output = Result<(), ChannelError>> + Send;
+    fn flush(&mut self) -> impl std::future::Future<Output = Result<(), ChannelError>> + Send;
+    /// Ends the channel, saying why (and whether a policy decided it).
+    fn close(&mut self, policy: bool, reason: &str)
+    -> impl std::future::Future<Output = ()> + Send;
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> RecordSource for RecordReader<S> {
+    fn recv(&mut self) -> impl std::future::Future<Output = Result<Vec<u8>, ChannelError>> + Send {
+        RecordReader::recv(self)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> RecordSink for RecordWriter<S> {
+    fn send(
+        &mut self,
+        record: Vec<u8>,
+        flush: bool,
+    ) -> impl std::future::Future<Output = Result<(), ChannelError>> + Send {
+        RecordWriter::send(self, record, flush)
+    }
+
+    fn flush(&mut self) -> impl std::future::Future<Output = Result<(), ChannelError>> + Send {
+        RecordWriter::flush(self)
+    }
+
+    fn close(
+        &mut self,
+        policy: bool,
+        reason: &str,
+    ) -> impl std::future::Future<Output = ()> + Send {
+        RecordWriter::close(self, policy, reason)
+    }
+}
+
 /// Seals records and writes them, one per binary WebSocket message.
 pub struct RecordWriter<S> {
     sink: SplitSink<WebSocketStream<S>, Message>,

@@ -39,7 +39,7 @@ use crate::provider::{Nested, Outbound, Outbox, Requests, Usage};
 use crate::resources::SessionResources;
 use crate::server::peer::Peer;
 use crate::server::state::{Gateway, SessionInfo};
-use portcullis_wire::channel::{self, ChannelError, RecordReader};
+use portcullis_wire::channel::{self, ChannelError, RecordSink, RecordSource};
 use portcullis_wire::frame::{
     self, ErrorBody, ErrorCode, Event, Frame, Heartbeat, Hello, PROTOCOL, Request, RequestId,
     Response,
@@ -52,33 +52,58 @@ const OUTBOX_CAPACITY: usize = 64;
 /// Requests a session's running calls may have queued before they wait.
 const NESTED_QUEUE: usize = 16;
 
-pub async fn run<S>(gateway: Arc<Gateway>, ws: WebSocketStream<S>, peer: Peer)
+/// A channel whose handshake is done: what a transport hands a session.
+pub struct Opened<R, W> {
+    pub reader: R,
+    pub writer: W,
+    /// The client's authenticated static key.
+    pub client_key: portcullis_crypto::PublicKey,
+    /// What the client sent to authenticate (`{}` or `{"token": …}`);
+    /// zeroized on drop.
+    pub credentials: zeroize::Zeroizing<Vec<u8>>,
+}
+
+/// The Noise handshake over an upgraded WebSocket (bounded by
+/// `handshake_timeout`), then the session. A failed handshake is a
+/// security event.
+pub async fn over_websocket<S>(gateway: Arc<Gateway>, ws: WebSocketStream<S>, peer: Peer)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let limits = gateway.config.limits;
     let started = Instant::now();
     let info = gateway_info(&gateway);
-    let accepted = match timeout(
-        limits.handshake_timeout,
-        channel::accept(ws, &gateway.key, &info),
-    )
-    .await
-    {
-        Ok(Ok(accepted)) => accepted,
+    let limit = gateway.config.limits.handshake_timeout;
+    match timeout(limit, channel::accept(ws, &gateway.key, &info)).await {
+        Ok(Ok(accepted)) => {
+            let opened = Opened {
+                reader: accepted.reader,
+                writer: accepted.writer,
+                client_key: accepted.client_key,
+                credentials: accepted.credentials,
+            };
+            run(gateway, opened, peer, started).await
+        }
         Ok(Err(e)) => {
             debug!(%peer, "handshake failed: {e}");
-            return gateway.security_event("handshake_failed", None, format!("peer {peer}: {e}"));
+            gateway.security_event("handshake_failed", None, format!("peer {peer}: {e}"))
         }
         Err(_) => {
             debug!(%peer, "handshake timed out");
-            return gateway.security_event(
-                "handshake_failed",
-                None,
-                format!("peer {peer}: timed out"),
-            );
+            let detail = format!("peer {peer}: timed out");
+            gateway.security_event("handshake_failed", None, detail)
         }
-    };
+    }
+}
+
+/// One session over any transport, from its opened channel to its close.
+/// `started` is when the connection began (`relay.accepted` is due within
+/// `handshake_timeout` of it).
+pub async fn run<R, W>(gateway: Arc<Gateway>, accepted: Opened<R, W>, peer: Peer, started: Instant)
+where
+    R: RecordSource,
+    W: RecordSink,
+{
+    let limits = gateway.config.limits;
     let mut writer = accepted.writer;
     let policy = gateway.current_policy();
     let principal = match authenticate(&policy, &accepted.client_key, &accepted.credentials) {
@@ -291,9 +316,9 @@ enum Ending {
 }
 
 impl Session {
-    async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    async fn serve<R: RecordSource>(
         &mut self,
-        mut reader: RecordReader<S>,
+        mut reader: R,
         mut nested: mpsc::Receiver<Nested>,
         started: Instant,
     ) {

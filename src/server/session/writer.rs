@@ -1,21 +1,17 @@
 //! The session's writer task: it drains the bounded outbox into the
 //! socket, so a slow peer slows only its own session.
 
-use portcullis_wire::channel::RecordWriter;
+use portcullis_wire::channel::RecordSink;
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Frame, Response};
 use portcullis_wire::record::{self, ChunkRecord};
 use serde_json::json;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 use crate::provider::Outbound;
 
 /// Drains the outbox into the socket. Consecutive records are written
 /// together and flushed when the outbox runs dry.
-pub(super) async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
-    mut writer: RecordWriter<S>,
-    mut outbox: mpsc::Receiver<Outbound>,
-) {
+pub(super) async fn write_loop<W: RecordSink>(mut writer: W, mut outbox: mpsc::Receiver<Outbound>) {
     while let Some(item) = outbox.recv().await {
         let sent = match item {
             Outbound::Close { policy, reason } => {
@@ -45,8 +41,8 @@ pub(super) async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Writes one record, flushing when nothing else is queued behind it.
 /// False once the connection is gone.
-async fn send<S: AsyncRead + AsyncWrite + Unpin>(
-    writer: &mut RecordWriter<S>,
+async fn send<W: RecordSink>(
+    writer: &mut W,
     record: Vec<u8>,
     outbox: &mpsc::Receiver<Outbound>,
 ) -> bool {

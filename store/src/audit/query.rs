@@ -89,8 +89,9 @@ impl AuditLog {
     }
 
     /// Writes the log as JSON Lines: a header, then every entry (its stored
-    /// bytes, verbatim), each checkpoint right after the entry it covers. Verifiable offline with
-    /// [`verify_export`] and the audit public key. Returns the entry count.
+    /// bytes, verbatim), each checkpoint right after the entry it covers.
+    /// Verifiable offline with [`super::verify_export`] and the audit
+    /// public key. Returns the entry count.
     pub fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
         let io = |e| StoreError::io("writing the export", e);
         let header = serde_json::json!({"type": "header", "format": EXPORT_FORMAT,
