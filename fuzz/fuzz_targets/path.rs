@@ -12,9 +12,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use portcullis_confine::Root;
+use portcullis_confine::{Root, RootSpec};
 use portcullis_policy::path::normalize;
-use portcullis_policy::{FileTerms, Mode};
 use rustix::fs::{Mode as FileMode, OFlags};
 
 const VIRTUAL_ROOT: &str = "/workspace/main";
@@ -54,15 +53,13 @@ fuzz_target!(|data: &[u8]| {
     let base = fixture();
     let host_root = base.join("root");
     for follow_symlinks in [false, true] {
-        let terms = FileTerms {
-            root: "main".into(),
-            path: rel.to_string(),
-            mode: Mode::Rw,
-            host_root: host_root.clone(),
-            virtual_root: VIRTUAL_ROOT.into(),
+        let spec = RootSpec {
+            id: "main",
+            host_root: &host_root,
+            virtual_root: VIRTUAL_ROOT,
             follow_symlinks,
         };
-        let root = Root::open(&terms).unwrap();
+        let root = Root::open(&spec).unwrap();
         for flags in [OFlags::PATH, OFlags::RDONLY | OFlags::NONBLOCK, OFlags::PATH | OFlags::NOFOLLOW] {
             let Ok(fd) = root.open_at(rel, flags, FileMode::empty()) else {
                 continue;
