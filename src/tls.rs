@@ -3,7 +3,7 @@
 //! Noise channel inside is what authenticates the gateway and protects the
 //! protocol; TLS is for deployments that require HTTPS on the wire.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
@@ -13,25 +13,37 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Why the configured certificate and key cannot serve TLS.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("TLS certificate {}: {message}", path.display())]
+    Certificate { path: PathBuf, message: String },
+    #[error("TLS key {}: {message}", path.display())]
+    Key { path: PathBuf, message: String },
+    #[error("TLS certificate and key: {0}")]
+    Config(#[from] rustls::Error),
+}
+
 /// A TLS acceptor from a PEM certificate chain and a PEM private key.
-pub fn acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, String> {
+pub fn acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
+    let bad_cert = |message: String| TlsError::Certificate {
+        path: cert.to_path_buf(),
+        message,
+    };
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|iter| iter.collect())
-        .map_err(|e| format!("TLS certificate {}: {e}", cert.display()))?;
+        .map_err(|e| bad_cert(e.to_string()))?;
     if certs.is_empty() {
-        return Err(format!(
-            "TLS certificate {}: no certificate in the file",
-            cert.display()
-        ));
+        return Err(bad_cert("no certificate in the file".into()));
     }
-    let key =
-        PrivateKeyDer::from_pem_file(key).map_err(|e| format!("TLS key {}: {e}", key.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
+        path: key.to_path_buf(),
+        message: e.to_string(),
+    })?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .with_safe_default_protocol_versions()?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| format!("TLS certificate and key: {e}"))?;
+        .with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }

@@ -17,7 +17,29 @@ use std::path::{Path, PathBuf};
 use portcullis_crypto::{PublicKey, StaticKeypair};
 use serde::{Deserialize, Serialize};
 
-use portcullis_wire::keyfile;
+use portcullis_wire::keyfile::{self, KeyFileError};
+
+/// What went wrong with the client's own files.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {message}", path.display())]
+    Syntax { path: PathBuf, message: String },
+    #[error("{}: the key remembered for `{url}`: {source}", path.display())]
+    BadKey {
+        path: PathBuf,
+        url: String,
+        #[source]
+        source: portcullis_crypto::KeyError,
+    },
+    #[error(transparent)]
+    KeyFile(#[from] KeyFileError),
+}
 
 /// The directory, or `None` when neither `XDG_CONFIG_HOME` nor `HOME` is set.
 pub fn dir() -> Option<PathBuf> {
@@ -28,13 +50,13 @@ pub fn dir() -> Option<PathBuf> {
 }
 
 /// This user's identity key, created on first use.
-pub fn identity(dir: &Path) -> Result<StaticKeypair, String> {
+pub fn identity(dir: &Path) -> Result<StaticKeypair, ConfigError> {
     let path = dir.join("identity.key");
     if path.exists() {
-        return keyfile::load(&path).map_err(|e| e.to_string());
+        return Ok(keyfile::load(&path)?);
     }
     create_private_dir(dir)?;
-    let pair = keyfile::generate(&path, false).map_err(|e| e.to_string())?;
+    let pair = keyfile::generate(&path, false)?;
     eprintln!(
         "created your identity key {} (public key {}); add it to a gateway's policy to be let in",
         path.display(),
@@ -56,30 +78,36 @@ struct Remembered {
     key: String,
 }
 
-fn read(dir: &Path) -> Result<Gateways, String> {
+fn read(dir: &Path) -> Result<Gateways, ConfigError> {
     let path = dir.join("gateways.toml");
     match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.message()))
-        }
+        Ok(text) => toml::from_str(&text).map_err(|e| ConfigError::Syntax {
+            message: e.message().to_string(),
+            path,
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Gateways::default()),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(source) => Err(ConfigError::Io { path, source }),
     }
 }
 
 /// The remembered key of the gateway at `url`.
-pub fn remembered_key(dir: &Path, url: &str) -> Result<Option<PublicKey>, String> {
+pub fn remembered_key(dir: &Path, url: &str) -> Result<Option<PublicKey>, ConfigError> {
     let gateways = read(dir)?;
+    let bad_key = |source| ConfigError::BadKey {
+        path: dir.join("gateways.toml"),
+        url: url.to_string(),
+        source,
+    };
     gateways
         .gateway
         .get(url)
-        .map(|g| PublicKey::from_base64(&g.key).map_err(|e| format!("gateways.toml, `{url}`: {e}")))
+        .map(|g| PublicKey::from_base64(&g.key).map_err(bad_key))
         .transpose()
 }
 
 /// Remembers `key` for `url` (replacing what was there); writes nothing
 /// when that key is remembered already.
-pub fn remember(dir: &Path, url: &str, key: &PublicKey) -> Result<(), String> {
+pub fn remember(dir: &Path, url: &str, key: &PublicKey) -> Result<(), ConfigError> {
     let mut gateways = read(dir)?;
     let key = key.to_base64();
     if gateways
@@ -91,21 +119,27 @@ pub fn remember(dir: &Path, url: &str, key: &PublicKey) -> Result<(), String> {
     }
     gateways.gateway.insert(url.to_string(), Remembered { key });
     create_private_dir(dir)?;
-    let text = toml::to_string(&gateways).map_err(|e| e.to_string())?;
     let path = dir.join("gateways.toml");
+    let text = toml::to_string(&gateways).map_err(|e| ConfigError::Syntax {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
     let tmp = dir.join("gateways.toml.tmp");
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|source| ConfigError::Io { path, source })
 }
 
-fn create_private_dir(dir: &Path) -> Result<(), String> {
+fn create_private_dir(dir: &Path) -> Result<(), ConfigError> {
     use std::os::unix::fs::DirBuilderExt as _;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+        .map_err(|source| ConfigError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })
 }
 
 #[cfg(test)]

@@ -92,6 +92,8 @@ pub enum ClientError {
     Url(String),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error(transparent)]
+    TlsSetup(#[from] tls::TlsError),
     #[error("cannot connect to {addr}: {source}")]
     Connect {
         addr: String,
@@ -215,7 +217,7 @@ impl Client {
                     .into(),
             )
         })?;
-        let connector = tls::connector(ca).map_err(ClientError::Tls)?;
+        let connector = tls::connector(ca)?;
         let name = rustls::pki_types::ServerName::try_from(target.host.clone())
             .map_err(|_| ClientError::Url(options.url.clone()))?;
         let tls = connector

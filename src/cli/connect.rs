@@ -43,14 +43,14 @@ impl Target {
         let config_dir = client_config::dir();
         let key = match (&self.gateway_key, &config_dir) {
             (Some(key), _) => PublicKey::from_base64(key).map_err(|e| format!("--gateway-key: {e}"))?,
-            (None, Some(dir)) => client_config::remembered_key(dir, &self.url)?.ok_or_else(|| {
+            (None, Some(dir)) => client_config::remembered_key(dir, &self.url).map_err(|e| e.to_string())?.ok_or_else(|| {
                 format!("no key is remembered for {}; pass --gateway-key once (it is then remembered)", self.url)
             })?,
             (None, None) => return Err("pass --gateway-key (HOME is not set, so nothing is remembered)".into()),
         };
         let identity = match (&self.identity, &config_dir) {
             (Some(path), _) => keyfile::load(path).map_err(|e| e.to_string())?,
-            (None, Some(dir)) => client_config::identity(dir)?,
+            (None, Some(dir)) => client_config::identity(dir).map_err(|e| e.to_string())?,
             (None, None) => return Err("pass --identity (HOME is not set)".into()),
         };
         let mut options = ClientOptions::new(&self.url, key, identity);

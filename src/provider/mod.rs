@@ -286,6 +286,11 @@ pub struct Gauge {
     pub value: f64,
 }
 
+/// A method two providers declare.
+#[derive(Debug, thiserror::Error)]
+#[error("method `{0}` is registered twice")]
+pub struct Twice(pub &'static str);
+
 /// The registered providers, by method.
 #[derive(Clone, Default)]
 pub struct Providers {
@@ -301,10 +306,10 @@ impl Providers {
 
     /// Serves `provider`'s methods; a method registered twice is the
     /// daemon's assembly error, named here.
-    pub fn register(&mut self, provider: Arc<dyn Provider>) -> Result<(), String> {
+    pub fn register(&mut self, provider: Arc<dyn Provider>) -> Result<(), Twice> {
         for method in provider.methods() {
             if self.by_method.contains_key(method.name) {
-                return Err(format!("method `{}` is registered twice", method.name));
+                return Err(Twice(method.name));
             }
             self.by_method
                 .insert(method.name, (provider.clone(), method));
