@@ -29,7 +29,7 @@ impl Daemon {
         let processes = Processes::new(&instance_id);
         let providers = Providers::new()
             .with(Arc::new(Resources::new(processes.clone())))
-            .with(Arc::new(Files))
+            .with(Arc::new(Files::new()))
             .with(Arc::new(Shell::new(processes.clone())))
             .with(Arc::new(Tools::new(config.secrets_dir.clone())));
         Self {
@@ -88,8 +88,8 @@ mod tests {
             );
         }
         // Registering a provider twice names the method it repeats.
-        let mut twice = Providers::new().with(Arc::new(Files));
-        let error = twice.register(Arc::new(Files)).unwrap_err();
+        let mut twice = Providers::new().with(Arc::new(Files::new()));
+        let error = twice.register(Arc::new(Files::new())).unwrap_err();
         assert!(error.0.starts_with("file."), "{error}");
     }
 }

@@ -14,6 +14,8 @@ mod quick;
 pub mod search;
 pub mod watch;
 
+use std::sync::Arc;
+
 use base64::Engine as _;
 use bytes::Bytes;
 use portcullis_policy::{Capability, FileTerms, Target, Terms};
@@ -37,7 +39,39 @@ pub const MAX_INLINE_READ: usize = 48 * 1024;
 /// is 65519 bytes, and the id and other fields need room too.
 pub(crate) const RESPONSE_BUDGET: usize = 60_000;
 
-pub struct Files;
+/// The `fileops` provider. Cloning shares its state.
+#[derive(Clone)]
+pub struct Files(Arc<State>);
+
+struct State {
+    /// Threads of their own for operations of a few system calls.
+    quick: quick::Quick,
+    /// The one inotify watcher every `file.watch` shares.
+    hub: Arc<watch::Hub>,
+}
+
+impl Files {
+    pub fn new() -> Self {
+        Self(Arc::new(State {
+            quick: quick::Quick::new(),
+            hub: watch::Hub::new(),
+        }))
+    }
+
+    /// Runs a file operation of a few system calls on the quick threads.
+    async fn quick<T: Send + 'static>(
+        &self,
+        op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
+    ) -> Result<T, ErrorBody> {
+        joined(self.0.quick.spawn(op)).await
+    }
+}
+
+impl Default for Files {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// A method on one path of a root.
 const fn on_path(name: &'static str, input: fn(&Request) -> Option<Channel>) -> Method {
@@ -110,7 +144,7 @@ impl Provider for Files {
     }
 
     fn call(&self, call: Call) -> Reply {
-        Box::pin(serve(call))
+        Box::pin(serve(self.clone(), call))
     }
 }
 
@@ -199,7 +233,7 @@ fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorB
     })
 }
 
-async fn serve(call: Call) -> Result<Value, ErrorBody> {
+async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
     let Call {
         request,
         terms,
@@ -236,7 +270,11 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
             match method {
                 "file.stat" => match ops::stat_cached(&file, &path) {
                     Some(answer) => Ok(answer),
-                    None => quick(move || ops::stat(&open_root(&file)?, &path)).await,
+                    None => {
+                        files
+                            .quick(move || ops::stat(&open_root(&file)?, &path))
+                            .await
+                    }
                 },
                 "file.list" => {
                     let p: ListParams = params(&request)?;
@@ -251,7 +289,9 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
                 }
                 "file.mkdir" => {
                     let flags: Flags = params(&request)?;
-                    quick(move || ops::mkdir(&open_root(&file)?, &path, flags.parents)).await
+                    files
+                        .quick(move || ops::mkdir(&open_root(&file)?, &path, flags.parents))
+                        .await
                 }
                 "file.delete" => {
                     let flags: Flags = params(&request)?;
@@ -269,10 +309,10 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
                     let p: watch::WatchParams = params(&request)?;
                     let id = resources.reserve("w")?;
                     let (events, runtime) = (resources.events(), tokio::runtime::Handle::current());
-                    let watch_id = id.clone();
+                    let (watch_id, hub) = (id.clone(), files.0.hub.clone());
                     let (guard, info) = blocking(move || {
                         let root = open_root(&file)?;
-                        watch::start(root, &path, p.recursive, &watch_id, events, &runtime)
+                        watch::start(&hub, root, &path, p.recursive, &watch_id, events, &runtime)
                     })
                     .await?;
                     resources.add(
@@ -286,7 +326,7 @@ async fn serve(call: Call) -> Result<Value, ErrorBody> {
                     result["watch"] = json!(id);
                     Ok(result)
                 }
-                "file.read" => read(file, params(&request)?, stream, usage, cancel).await,
+                "file.read" => read(&files, file, params(&request)?, stream, usage, cancel).await,
                 "file.write" | "file.append" => {
                     let append = method == "file.append";
                     write(file, params(&request)?, append, input, usage).await
@@ -310,13 +350,6 @@ async fn blocking<T: Send + 'static>(
     op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
 ) -> Result<T, ErrorBody> {
     joined(tokio::task::spawn_blocking(op)).await
-}
-
-/// Runs a file operation of a few system calls on `quick.rs`'s threads.
-async fn quick<T: Send + 'static>(
-    op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
-) -> Result<T, ErrorBody> {
-    joined(quick::spawn(op)).await
 }
 
 /// Confinement's view of a granted root.
@@ -363,6 +396,7 @@ async fn joined<T>(operation: JoinHandle<Result<T, FileError>>) -> Result<T, Err
 }
 
 async fn read(
+    files: &Files,
     file: FileTerms,
     p: ReadParams,
     sink: StreamSink,
@@ -433,7 +467,7 @@ async fn read(
     if stream {
         blocking(op).await
     } else {
-        quick(op).await
+        files.quick(op).await
     }
 }
 
@@ -658,8 +692,9 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_panic_is_an_error_and_the_quick_threads_go_on() {
         let limit = std::time::Duration::from_secs(10);
+        let files = Files::new();
         for _ in 0..quick::THREADS + 2 {
-            let answer = quick(|| -> Result<(), FileError> { panic!("a bug") });
+            let answer = files.quick(|| -> Result<(), FileError> { panic!("a bug") });
             let answer = tokio::time::timeout(limit, answer)
                 .await
                 .expect("no thread serves the quick operations any more");
@@ -667,7 +702,8 @@ pub(crate) mod tests {
             assert_eq!(error.code, ErrorCode::ProviderError);
             assert!(!error.message.contains("a bug"), "{}", error.message);
         }
-        let all = futures_util::future::join_all((0..64u32).map(|i| quick(move || Ok(i * 2))));
+        let all =
+            futures_util::future::join_all((0..64u32).map(|i| files.quick(move || Ok(i * 2))));
         let answers = tokio::time::timeout(limit, all)
             .await
             .expect("no thread serves the quick operations any more");
@@ -677,7 +713,10 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn an_operations_error_keeps_its_code() {
-        let answer = quick(|| -> Result<(), FileError> { Err(FileError::Cancelled) }).await;
+        let files = Files::new();
+        let answer = files
+            .quick(|| -> Result<(), FileError> { Err(FileError::Cancelled) })
+            .await;
         assert_eq!(
             answer.unwrap_err().code,
             error_body(FileError::Cancelled).code

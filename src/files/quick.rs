@@ -18,36 +18,45 @@
 //! bound of its own: the requests in flight (per session and sessions per
 //! gateway) bound it, as they bound the main pool.
 
-use std::sync::OnceLock;
-
 use tokio::runtime::{Builder, Runtime};
 use tokio::task::JoinHandle;
 
 /// The threads that run quick operations.
 pub(super) const THREADS: usize = 16;
 
-/// The runtime whose blocking pool runs them; `None` when it could not be
-/// built (then the main pool serves).
-fn runtime() -> Option<&'static Runtime> {
-    static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            Builder::new_current_thread()
-                .max_blocking_threads(THREADS)
-                .thread_name("file-quick")
-                .build()
-                .inspect_err(|e| {
-                    tracing::warn!("no quick file threads ({e}); using the blocking pool")
-                })
-                .ok()
-        })
-        .as_ref()
+/// A second runtime, whose blocking pool runs the quick operations; or,
+/// when it could not be built, the main pool.
+pub(super) struct Quick(Option<Runtime>);
+
+impl Quick {
+    pub(super) fn new() -> Self {
+        let runtime = Builder::new_current_thread()
+            .max_blocking_threads(THREADS)
+            .thread_name("file-quick")
+            .build()
+            .inspect_err(|e| tracing::warn!("no quick file threads ({e}); using the blocking pool"))
+            .ok();
+        Self(runtime)
+    }
+
+    /// Starts `op` on a quick thread (or the main blocking pool).
+    pub(super) fn spawn<T: Send + 'static>(
+        &self,
+        op: impl FnOnce() -> T + Send + 'static,
+    ) -> JoinHandle<T> {
+        match &self.0 {
+            Some(runtime) => runtime.spawn_blocking(op),
+            None => tokio::task::spawn_blocking(op),
+        }
+    }
 }
 
-/// Starts `op` on a quick thread (or the main blocking pool).
-pub(super) fn spawn<T: Send + 'static>(op: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
-    match runtime() {
-        Some(runtime) => runtime.spawn_blocking(op),
-        None => tokio::task::spawn_blocking(op),
+impl Drop for Quick {
+    /// A runtime dropped inside another would block it; this one lets its
+    /// threads finish on their own.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
     }
 }

@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use notify::event::{ModifyKind, RenameMode};
@@ -58,6 +58,7 @@ pub type Guard = tokio_util::sync::DropGuard;
 /// Starts watching `path` (a directory or a file). Blocking; `runtime`
 /// runs the task that sends the events.
 pub fn start(
+    hub: &Arc<Hub>,
     root: Root,
     path: &str,
     recursive: bool,
@@ -75,6 +76,7 @@ pub fn start(
     }
     let shared = Arc::new(Shared::default());
     let mut tracker = Tracker {
+        hub: hub.clone(),
         root,
         shared: shared.clone(),
         by_path: HashMap::new(),
@@ -109,9 +111,11 @@ pub fn start(
 /// watches that cover the same directory share it here, counted; the hub
 /// holds its own duplicate of the descriptor, so the `/proc/self/fd/N`
 /// notify knows the inode by cannot be reused while it is watched.
-struct Hub {
+pub struct Hub {
     watcher: Mutex<Option<RecommendedWatcher>>,
     state: Mutex<HubState>,
+    /// Itself, for notify's callback (which the hub holds).
+    me: std::sync::Weak<Hub>,
 }
 
 #[derive(Default)]
@@ -143,15 +147,16 @@ struct Ticket {
     token: u64,
 }
 
-fn hub() -> &'static Hub {
-    static HUB: OnceLock<Hub> = OnceLock::new();
-    HUB.get_or_init(|| Hub {
-        watcher: Mutex::new(None),
-        state: Mutex::new(HubState::default()),
-    })
-}
-
 impl Hub {
+    /// A hub with no watches; notify's watcher is made at the first.
+    pub fn new() -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            watcher: Mutex::new(None),
+            state: Mutex::new(HubState::default()),
+            me: me.clone(),
+        })
+    }
+
     /// Watches the inode `fd` (opened beneath a root) is, for `route`.
     /// Fails when the daemon-wide cap is reached or inotify refuses.
     fn watch(&self, fd: &OwnedFd, route: Route) -> Result<Ticket, String> {
@@ -192,7 +197,13 @@ impl Hub {
         let result = match &mut *watcher {
             Some(watcher) => Ok(watcher),
             None => {
-                RecommendedWatcher::new(|event| hub().deliver(event), notify::Config::default())
+                let me = self.me.clone();
+                let deliver = move |event| {
+                    if let Some(hub) = me.upgrade() {
+                        hub.deliver(event);
+                    }
+                };
+                RecommendedWatcher::new(deliver, notify::Config::default())
                     .map(|w| watcher.insert(w))
             }
         }
@@ -352,6 +363,7 @@ fn coalesce(seen: &'static str, new: &'static str) -> &'static str {
 
 /// One watch's directories, held open while they are watched.
 struct Tracker {
+    hub: Arc<Hub>,
     root: Root,
     shared: Arc<Shared>,
     by_path: HashMap<String, Ticket>,
@@ -365,7 +377,7 @@ impl Tracker {
             shared: self.shared.clone(),
             rel: rel.to_string(),
         };
-        match hub().watch(&fd, route) {
+        match self.hub.watch(&fd, route) {
             Ok(ticket) => {
                 self.by_path.insert(rel.to_string(), ticket);
                 Ok(())
@@ -434,7 +446,7 @@ impl Tracker {
             }
             "removed" | "moved_from" => {
                 if let Some(ticket) = self.by_path.remove(rel) {
-                    hub().unwatch(&ticket);
+                    self.hub.unwatch(&ticket);
                 }
             }
             _ => {}
@@ -445,7 +457,7 @@ impl Tracker {
 impl Drop for Tracker {
     fn drop(&mut self) {
         for ticket in self.by_path.values() {
-            hub().unwatch(ticket);
+            self.hub.unwatch(ticket);
         }
     }
 }

@@ -33,14 +33,16 @@ pub struct Answer {
     pub entry: Option<Durable>,
 }
 
-/// Where a call sends its own requests: its session.
+/// Where a call sends its own requests: its session. (Boxed in the
+/// channel: tokio allocates a channel's first block of 32 slots up front,
+/// and every session has one of these, mostly idle.)
 #[derive(Clone)]
 pub struct Requests {
-    session: mpsc::Sender<Nested>,
+    session: mpsc::Sender<Box<Nested>>,
 }
 
 impl Requests {
-    pub fn new(session: mpsc::Sender<Nested>) -> Self {
+    pub fn new(session: mpsc::Sender<Box<Nested>>) -> Self {
         Self { session }
     }
 
@@ -59,12 +61,12 @@ impl Requests {
         cancel: CancellationToken,
     ) -> Answer {
         let (answer, answered) = oneshot::channel();
-        let nested = Nested {
+        let nested = Box::new(Nested {
             parent: parent.clone(),
             request,
             cancel,
             answer,
-        };
+        });
         let gone = || Answer {
             result: Err(ErrorBody::new(
                 ErrorCode::RelayDisconnected,

@@ -52,6 +52,8 @@ pub struct Shell(Arc<State>);
 struct State {
     processes: process::Processes,
     slots: Slots,
+    /// Launchers started ahead of need (`pool.rs`).
+    launchers: pool::Launchers,
 }
 
 impl Shell {
@@ -61,6 +63,7 @@ impl Shell {
         Self(Arc::new(State {
             processes,
             slots: Slots::default(),
+            launchers: pool::Launchers::default(),
         }))
     }
 
@@ -316,11 +319,12 @@ impl Shell {
         start_entry: &mut StartEntry,
     ) -> Result<Running, ErrorBody> {
         let slot = self.0.slots.take(principal, terms.max_processes)?;
-        spawn(slot, terms, command, io, start_entry).await
+        spawn(&self.0.launchers, slot, terms, command, io, start_entry).await
     }
 }
 
 async fn spawn(
+    launchers: &pool::Launchers,
     slot: ProcessSlot,
     terms: &ShellTerms,
     command: &[String],
@@ -339,7 +343,8 @@ async fn spawn(
     }
     let skip = missing_mechanisms(terms)?;
     let skip_network = skip.iter().any(|(m, _)| *m == Mechanism::Network);
-    let launcher_args = launcher_args(terms, &program, args, &io, &skip);
+    let nice = launchers.restored_nice();
+    let launcher_args = launcher_args(terms, &program, args, &io, &skip, nice);
     let keep_stdin = matches!(io, Io::Piped { stdin: true });
     let started = Instant::now();
     let child = match io {
@@ -350,7 +355,7 @@ async fn spawn(
                 true => pool::Net::Filtered,
                 false => pool::Net::Open,
             };
-            let mut child = pool::launcher(net).await?;
+            let mut child = launchers.take(net).await?;
             if let Some(stdin) = child.stdin.as_mut() {
                 // A launcher that refused has exited; its status says why.
                 let _ = stdin.write_all(&sandbox::encode_args(&launcher_args)).await;
@@ -700,6 +705,7 @@ fn launcher_args(
     command_args: &[String],
     io: &Io,
     skip: &[(Mechanism, String)],
+    restored_nice: Option<i32>,
 ) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     for (mechanism, _) in skip {
@@ -729,7 +735,7 @@ fn launcher_args(
         }
     }
     if let Io::Piped { .. } = io {
-        if let Some(nice) = pool::restored_nice() {
+        if let Some(nice) = restored_nice {
             args.extend(["--nice".into(), nice.to_string().into()]);
         }
         for (name, value) in &terms.env {

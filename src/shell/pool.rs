@@ -21,14 +21,14 @@
 //! A launcher gets the daemon's priority back when it is taken (the daemon
 //! renices it, so the rest of its start-up is not starved on a busy
 //! machine), and again from its own side as soon as its arguments arrive
-//! (`--nice`, [`restored_nice`]), before it sets anything up. When the pool
+//! (`--nice`, [`Launchers::restored_nice`]), before it sets anything up. When the pool
 //! has run dry, demand is outrunning the starter: it then starts launchers
 //! at the daemon's priority until one waits again. All this needs
 //! `RLIMIT_NICE` ≥ 20 (the unit's `LimitNICE=+0`) or `CAP_SYS_NICE`; where
 //! a probe finds neither, launchers start at the daemon's priority.
 
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rustix::process::Pid;
 use tokio::process::{Child, Command};
@@ -58,38 +58,70 @@ struct Pool {
     starting: [usize; 2],
 }
 
-fn with_pool<T>(f: impl FnOnce(&mut Pool) -> T) -> T {
-    static POOL: OnceLock<Mutex<Pool>> = OnceLock::new();
-    let mut pool = POOL
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    f(&mut pool)
+fn with_pool<T>(pool: &Mutex<Pool>, f: impl FnOnce(&mut Pool) -> T) -> T {
+    f(&mut pool.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
-/// A launcher waiting for its arguments on stdin: an idle one if there is
-/// one, else one started now — on a blocking thread, since a spawn waits
-/// for the child's exec and would stall every session on this runtime
-/// worker meanwhile. Either way the idle ones are topped up.
-pub(super) async fn launcher(net: Net) -> Result<Child, ErrorBody> {
-    let idle = with_pool(|pool| {
-        // One that exited while idle (killed from outside) is dropped.
-        std::iter::from_fn(|| pool.idle[net as usize].pop())
-            .find_map(|mut child| matches!(child.try_wait(), Ok(None)).then_some(child))
-    });
-    refill(net);
-    match idle {
-        Some(child) => {
-            let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
-            if let (Some(nice), Some(pid)) = (restored_nice(), pid) {
-                // Best effort: the launcher takes it back itself too.
-                let _ = rustix::process::setpriority_process(Some(pid), nice);
+/// The launchers waiting for their arguments, and the thread that starts
+/// more (made at the first use). The shell provider owns one.
+#[derive(Default)]
+pub(super) struct Launchers {
+    pool: Arc<Mutex<Pool>>,
+    starter: OnceLock<Starter>,
+}
+
+impl Launchers {
+    /// A launcher waiting for its arguments on stdin: an idle one if there
+    /// is one, else one started now — on a blocking thread, since a spawn
+    /// waits for the child's exec and would stall every session on this
+    /// runtime worker meanwhile. Either way the idle ones are topped up.
+    pub(super) async fn take(&self, net: Net) -> Result<Child, ErrorBody> {
+        let idle = with_pool(&self.pool, |pool| {
+            // One that exited while idle (killed from outside) is dropped.
+            std::iter::from_fn(|| pool.idle[net as usize].pop())
+                .find_map(|mut child| matches!(child.try_wait(), Ok(None)).then_some(child))
+        });
+        self.refill(net);
+        match idle {
+            Some(child) => {
+                let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+                if let (Some(nice), Some(pid)) = (self.restored_nice(), pid) {
+                    // Best effort: the launcher takes it back itself too.
+                    let _ = rustix::process::setpriority_process(Some(pid), nice);
+                }
+                Ok(child)
             }
-            Ok(child)
+            None => tokio::task::spawn_blocking(move || start(net))
+                .await
+                .unwrap_or_else(|e| Err(provider_error(format!("cannot start the command: {e}")))),
         }
-        None => tokio::task::spawn_blocking(move || start(net))
-            .await
-            .unwrap_or_else(|e| Err(provider_error(format!("cannot start the command: {e}")))),
+    }
+
+    /// Has the starter thread start launchers of `net` until `IDLE` are
+    /// idle or starting.
+    fn refill(&self, net: Net) {
+        let i = net as usize;
+        let wanted = with_pool(&self.pool, |pool| {
+            let wanted = IDLE.saturating_sub(pool.idle[i].len() + pool.starting[i]);
+            pool.starting[i] += wanted;
+            wanted
+        });
+        if wanted > 0 {
+            let request = (wanted, net, Handle::current());
+            if self.starter().requests.send(request).is_err() {
+                with_pool(&self.pool, |pool| pool.starting[i] -= wanted);
+            }
+        }
+    }
+
+    /// The nice value a launcher from the pool is to take back (`--nice`):
+    /// the daemon's, when launchers are started below it.
+    pub(super) fn restored_nice(&self) -> Option<i32> {
+        self.starter().restored_nice
+    }
+
+    fn starter(&self) -> &Starter {
+        self.starter.get_or_init(|| Starter::new(self.pool.clone()))
     }
 }
 
@@ -110,32 +142,9 @@ fn start(net: Net) -> Result<Child, ErrorBody> {
         .map_err(|e| provider_error(format!("cannot start the command: {e}")))
 }
 
-/// Has the starter thread start launchers of `net` until `IDLE` are idle
-/// or starting.
-fn refill(net: Net) {
-    let i = net as usize;
-    let wanted = with_pool(|pool| {
-        let wanted = IDLE.saturating_sub(pool.idle[i].len() + pool.starting[i]);
-        pool.starting[i] += wanted;
-        wanted
-    });
-    if wanted > 0 {
-        let request = (wanted, net, Handle::current());
-        if starter().requests.send(request).is_err() {
-            with_pool(|pool| pool.starting[i] -= wanted);
-        }
-    }
-}
-
-/// The nice value a launcher from the pool is to take back (`--nice`):
-/// the daemon's, when launchers are started below it.
-pub(super) fn restored_nice() -> Option<i32> {
-    starter().restored_nice
-}
-
 struct Starter {
     /// How many launchers of which kind to start, and the runtime their
-    /// `Child` lives in.
+    /// `Child` lives in. Dropping it ends the thread.
     requests: mpsc::Sender<(usize, Net, Handle)>,
     restored_nice: Option<i32>,
 }
@@ -144,9 +153,9 @@ struct Starter {
 /// nothing else wants them.
 const LOWEST_NICE: i32 = 19;
 
-fn starter() -> &'static Starter {
-    static STARTER: OnceLock<Starter> = OnceLock::new();
-    STARTER.get_or_init(|| {
+impl Starter {
+    /// Starts the thread that fills `pool`.
+    fn new(pool: Arc<Mutex<Pool>>) -> Self {
         let daemon_nice = rustix::process::getpriority_process(None).unwrap_or(0);
         let restored_nice = match can_restore(daemon_nice) {
             Ok(()) => {
@@ -169,7 +178,7 @@ fn starter() -> &'static Starter {
                 for (wanted, net, runtime) in received {
                     let (_entered, i) = (runtime.enter(), net as usize);
                     for _ in 0..wanted {
-                        let dry = with_pool(|pool| pool.idle[i].is_empty());
+                        let dry = with_pool(&pool, |pool| pool.idle[i].is_empty());
                         let nice = if lowered && !dry {
                             LOWEST_NICE
                         } else {
@@ -181,7 +190,7 @@ fn starter() -> &'static Starter {
                             current = nice;
                         }
                         let started = start(net);
-                        with_pool(|pool| {
+                        with_pool(&pool, |pool| {
                             pool.starting[i] -= 1;
                             pool.idle[i].extend(started.ok());
                         });
@@ -191,11 +200,11 @@ fn starter() -> &'static Starter {
         if let Err(e) = thread {
             tracing::warn!("cannot start the launcher-starter thread: {e}");
         }
-        Starter {
+        Self {
             requests,
             restored_nice,
         }
-    })
+    }
 }
 
 /// Whether a thread of this process may lower its priority to the

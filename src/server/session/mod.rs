@@ -319,7 +319,7 @@ impl Session {
     async fn serve<R: RecordSource>(
         &mut self,
         mut reader: R,
-        mut nested: mpsc::Receiver<Nested>,
+        mut nested: mpsc::Receiver<Box<Nested>>,
         started: Instant,
     ) {
         let limits = self.gateway.config.limits;
@@ -387,7 +387,7 @@ impl Session {
                     self.finish_done(&mut done_rx);
                 }
                 Some(request) = nested.recv() => {
-                    self.handle_nested(request, &done_tx, draining).await;
+                    self.handle_nested(*request, &done_tx, draining).await;
                 }
                 () = &mut idle => {
                     if pinged {
