@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::ops::{MAX_DEPTH, Step, Tree};
-use crate::resources::EventSink;
+use crate::provider::EventSink;
 use portcullis_confine::{FileError, Root};
 
 /// Directories one recursive watch follows; beyond it the watch reports

@@ -16,6 +16,7 @@
 
 mod nested;
 pub mod params;
+mod resources;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -32,8 +33,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::resources::SessionResources;
 pub use nested::{Answer, Durable, Nested, Requests};
+pub use resources::{EventSink, MAX_PER_SESSION, SessionResources};
 
 /// One method as its provider declares it.
 pub struct Method {

@@ -25,8 +25,8 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::provider::EventSink;
 use crate::provider::{SessionGone, StreamSink};
-use crate::resources::EventSink;
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use portcullis_wire::record::Channel;
 

@@ -35,8 +35,8 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::provider::SessionResources;
 use crate::provider::{Nested, Outbound, Outbox, Requests, Usage};
-use crate::resources::SessionResources;
 use crate::server::peer::Peer;
 use crate::server::state::{Gateway, SessionInfo};
 use portcullis_wire::channel::{self, ChannelError, RecordSink, RecordSource};

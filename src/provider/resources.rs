@@ -1,0 +1,148 @@
+//! What a session holds beyond its requests (file watches): created by a
+//! request, listed by `resource.list`, ended by `resource.dispose`, by a
+//! policy change that no longer allows the request that made it, or by the
+//! end of the session. Dropping a resource's guard stops it. Part of the
+//! provider API: a call adds what it holds to its session's resources.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Frame, Request};
+use serde_json::{Value, json};
+
+use super::{Outbound, Outbox, SessionGone};
+
+/// Resources one session may hold at once.
+pub const MAX_PER_SESSION: usize = 16;
+
+/// Sends `event` frames to the session (change notifications).
+#[derive(Clone)]
+pub struct EventSink {
+    outbox: Outbox,
+}
+
+impl EventSink {
+    /// Waits while the peer is slow; fails only when the session is gone.
+    pub async fn send(&self, event: &str, payload: Value) -> Result<(), SessionGone> {
+        let frame = Frame::Event(Event {
+            event: event.to_string(),
+            payload,
+        });
+        self.outbox
+            .send(Outbound::Frame(frame))
+            .await
+            .map_err(|_| SessionGone)
+    }
+}
+
+struct Held {
+    kind: &'static str,
+    /// The request that created it, decided again when the policy changes.
+    request: Request,
+    info: Value,
+    _guard: Box<dyn Send>,
+}
+
+/// One session's resources. Cloned into every call of the session.
+#[derive(Clone)]
+pub struct SessionResources {
+    held: Arc<Mutex<Holdings>>,
+    events: EventSink,
+}
+
+#[derive(Default)]
+struct Holdings {
+    next: u64,
+    by_id: BTreeMap<String, Held>,
+}
+
+impl SessionResources {
+    pub fn new(outbox: Outbox) -> Self {
+        Self {
+            held: Arc::default(),
+            events: EventSink { outbox },
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Holdings> {
+        // A panic while holding the lock leaves a map that is still whole.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn events(&self) -> EventSink {
+        self.events.clone()
+    }
+
+    /// Reserves an id (`w1`, `w2`, …) for a resource about to be made.
+    pub fn reserve(&self, prefix: &str) -> Result<String, ErrorBody> {
+        let mut held = self.lock();
+        if held.by_id.len() >= MAX_PER_SESSION {
+            return Err(ErrorBody::new(
+                ErrorCode::ProviderError,
+                format!(
+                    "this session holds {MAX_PER_SESSION} resources already; \
+                     dispose of one with resource.dispose"
+                ),
+            ));
+        }
+        held.next += 1;
+        Ok(format!("{prefix}{}", held.next))
+    }
+
+    /// Holds a resource until it is disposed. `info` is what
+    /// `resource.list` shows besides id and kind.
+    pub fn add(
+        &self,
+        id: String,
+        kind: &'static str,
+        request: &Request,
+        info: Value,
+        guard: Box<dyn Send>,
+    ) {
+        let held = Held {
+            kind,
+            request: request.clone(),
+            info,
+            _guard: guard,
+        };
+        self.lock().by_id.insert(id, held);
+    }
+
+    pub fn list(&self) -> Vec<Value> {
+        self.lock()
+            .by_id
+            .iter()
+            .map(|(id, held)| describe(id, held))
+            .collect()
+    }
+
+    /// Stops and forgets a resource; `false` if there was none by that id.
+    pub fn dispose(&self, id: &str) -> bool {
+        // Dropped outside the lock: stopping a watch joins its thread.
+        let removed = self.lock().by_id.remove(id);
+        removed.is_some()
+    }
+
+    /// The requests behind the resources held, to decide them again.
+    pub fn requests(&self) -> Vec<(String, Request)> {
+        self.lock()
+            .by_id
+            .iter()
+            .map(|(id, held)| (id.clone(), held.request.clone()))
+            .collect()
+    }
+
+    /// Ends everything (the session is over).
+    pub fn clear(&self) {
+        let all = std::mem::take(&mut self.lock().by_id);
+        drop(all);
+    }
+}
+
+fn describe(id: &str, held: &Held) -> Value {
+    let mut value = json!({ "id": id, "kind": held.kind });
+    if let (Some(value), Value::Object(info)) = (value.as_object_mut(), &held.info) {
+        value.extend(info.clone());
+    }
+    value
+}
