@@ -10,7 +10,9 @@ use std::pin::Pin;
 
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request, RequestId};
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 /// Resolves once an audit entry is durable; an error says why it is not.
@@ -33,24 +35,28 @@ pub struct Answer {
     pub entry: Option<Durable>,
 }
 
-/// Where a call sends its own requests: its session. (Boxed in the
-/// channel: tokio allocates a channel's first block of 32 slots up front,
-/// and every session has one of these, mostly idle.)
+/// Where a call sends its own requests: its session. The session takes
+/// them from the queue its answers already use (a channel each would cost
+/// every idle session its first block); the queue needs no bound of its
+/// own, since each caller waits for its answer before it asks again, and
+/// the calls in flight are bounded.
 #[derive(Clone)]
 pub struct Requests {
-    session: mpsc::Sender<Box<Nested>>,
+    session: Arc<dyn Fn(Box<Nested>) -> bool + Send + Sync>,
 }
 
 impl Requests {
-    pub fn new(session: mpsc::Sender<Box<Nested>>) -> Self {
-        Self { session }
+    /// `deliver` hands a request to the session; false once it has ended.
+    pub fn new(deliver: impl Fn(Box<Nested>) -> bool + Send + Sync + 'static) -> Self {
+        Self {
+            session: Arc::new(deliver),
+        }
     }
 
     /// Requests with nowhere to go (a call outside any session): every
     /// one answers `relay_disconnected`.
     pub fn none() -> Self {
-        let (session, _) = mpsc::channel(1);
-        Self { session }
+        Self::new(|_| false)
     }
 
     /// Hands `request` to the session and waits for its answer.
@@ -74,7 +80,7 @@ impl Requests {
             )),
             entry: None,
         };
-        if self.session.send(nested).await.is_err() {
+        if !(self.session)(nested) {
             return gone();
         }
         answered.await.unwrap_or_else(|_| gone())

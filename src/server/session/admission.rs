@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
-use super::{INPUT_QUEUE, InFlight, InputRoute, Session};
+use super::{INPUT_QUEUE, InFlight, Inbox, InboxSender, InputRoute, Session};
 use crate::provider::{Answer, Call, Durable, Nested, Outbound, StartEntry, StreamSink, Usage};
 use crate::server::Gateway;
 use crate::server::approvals::{Ask, record_outcome};
@@ -62,7 +62,7 @@ impl Session {
     pub(super) async fn handle_request(
         &mut self,
         request: Request,
-        done: &mpsc::UnboundedSender<RequestId>,
+        done: &InboxSender,
         draining: bool,
     ) {
         let record = self.audit_record(&request);
@@ -75,7 +75,7 @@ impl Session {
     pub(super) async fn handle_nested(
         &mut self,
         nested: Nested,
-        done: &mpsc::UnboundedSender<RequestId>,
+        done: &InboxSender,
         draining: bool,
     ) {
         let Nested {
@@ -96,7 +96,7 @@ impl Session {
         mut record: AuditRecord,
         to: AnswerTo,
         cancel: CancellationToken,
-        done: &mpsc::UnboundedSender<RequestId>,
+        done: &InboxSender,
         draining: bool,
     ) {
         if self.in_flight.contains_key(&request.id) {
@@ -286,7 +286,7 @@ impl Session {
         mut record: AuditRecord,
         to: AnswerTo,
         cancel: CancellationToken,
-        done: &mpsc::UnboundedSender<RequestId>,
+        done: &InboxSender,
     ) {
         let id = request.id.clone();
         let gateway = self.gateway.clone();
@@ -425,7 +425,7 @@ impl Session {
                     let _ = answer.send(answered);
                 }
             }
-            let _ = done.send(id);
+            let _ = done.send(Inbox::Done(id));
         }));
     }
 }

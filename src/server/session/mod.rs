@@ -1,8 +1,8 @@
 //! One session, from the WebSocket upgrade to its close:
 //!
-//! 1. Noise handshake (bounded by `handshake_timeout`);
+//! 1. Noise handshake (bounded by `handshake_timeout`; `handshake.rs`);
 //! 2. authenticate: a token in message 3, else the client's static key;
-//! 3. `hello` advertising only what the principal is granted;
+//! 3. `hello` advertising only what the principal is granted (`hello.rs`);
 //! 4. wait for the event `relay.accepted`;
 //! 5. the request loop (here): every request from the peer, and every
 //!    request a running call makes of its own, takes the one path in
@@ -13,8 +13,15 @@
 //! (`writer.rs`), so a slow peer slows only its own session.
 
 mod admission;
+mod handshake;
+mod hello;
 mod reevaluate;
 mod writer;
+
+use handshake::authenticate;
+pub use handshake::{Opened, over_websocket};
+pub use hello::capabilities_json;
+use hello::{granted_names, tools_by_name};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::pin::pin;
@@ -23,15 +30,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use portcullis_policy::{
-    Capability, Policy, Summary, principal_by_key, principal_by_token, principal_status, summary,
-};
+use portcullis_policy::{Summary, summary};
 use portcullis_store::{Kind, Record as AuditRecord};
-use serde_json::{Map, Value, json};
-use tokio::io::{AsyncRead, AsyncWrite};
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
-use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -39,7 +42,7 @@ use crate::provider::SessionResources;
 use crate::provider::{Nested, Outbound, Outbox, Requests, Usage};
 use crate::server::peer::Peer;
 use crate::server::state::{Gateway, SessionInfo};
-use portcullis_wire::channel::{self, ChannelError, RecordSink, RecordSource};
+use portcullis_wire::channel::{ChannelError, RecordSink, RecordSource};
 use portcullis_wire::frame::{
     self, ErrorBody, ErrorCode, Event, Frame, Heartbeat, Hello, PROTOCOL, Request, RequestId,
     Response,
@@ -49,51 +52,15 @@ use portcullis_wire::record::{self, Channel, Record, RecordError};
 /// Records queued for the writer before producers wait.
 const OUTBOX_CAPACITY: usize = 64;
 
-/// Requests a session's running calls may have queued before they wait.
-const NESTED_QUEUE: usize = 16;
-
-/// A channel whose handshake is done: what a transport hands a session.
-pub struct Opened<R, W> {
-    pub reader: R,
-    pub writer: W,
-    /// The client's authenticated static key.
-    pub client_key: portcullis_crypto::PublicKey,
-    /// What the client sent to authenticate (`{}` or `{"token": …}`);
-    /// zeroized on drop.
-    pub credentials: zeroize::Zeroizing<Vec<u8>>,
+/// What the request loop hears from its requests' tasks: one has
+/// answered (its id is free again), or a running call made a request of
+/// its own.
+enum Inbox {
+    Done(RequestId),
+    Nested(Box<Nested>),
 }
 
-/// The Noise handshake over an upgraded WebSocket (bounded by
-/// `handshake_timeout`), then the session. A failed handshake is a
-/// security event.
-pub async fn over_websocket<S>(gateway: Arc<Gateway>, ws: WebSocketStream<S>, peer: Peer)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let started = Instant::now();
-    let info = gateway_info(&gateway);
-    let limit = gateway.config.limits.handshake_timeout;
-    match timeout(limit, channel::accept(ws, &gateway.key, &info)).await {
-        Ok(Ok(accepted)) => {
-            let opened = Opened {
-                reader: accepted.reader,
-                writer: accepted.writer,
-                client_key: accepted.client_key,
-                credentials: accepted.credentials,
-            };
-            run(gateway, opened, peer, started).await
-        }
-        Ok(Err(e)) => {
-            debug!(%peer, "handshake failed: {e}");
-            gateway.security_event("handshake_failed", None, format!("peer {peer}: {e}"))
-        }
-        Err(_) => {
-            debug!(%peer, "handshake timed out");
-            let detail = format!("peer {peer}: timed out");
-            gateway.security_event("handshake_failed", None, detail)
-        }
-    }
-}
+type InboxSender = mpsc::UnboundedSender<Inbox>;
 
 /// One session over any transport, from its opened channel to its close.
 /// `started` is when the connection began (`relay.accepted` is due within
@@ -143,7 +110,9 @@ where
 
     let (outbox, outbox_rx) = mpsc::channel(OUTBOX_CAPACITY);
     let writer_task = tokio::spawn(writer::write_loop(writer, outbox_rx));
-    let (requests, nested) = mpsc::channel(NESTED_QUEUE);
+    let (inbox, inbox_rx) = mpsc::unbounded_channel();
+    let to_inbox = inbox.clone();
+    let requests = Requests::new(move |nested| to_inbox.send(Inbox::Nested(nested)).is_ok());
     let hello = Hello {
         protocol: PROTOCOL.to_string(),
         provider_id: Some(gateway.config.provider_id.clone()),
@@ -166,14 +135,16 @@ where
         granted,
         end_reason: Arc::new(OnceLock::new()),
         resources: SessionResources::new(outbox.clone()),
-        requests: Requests::new(requests),
+        requests,
     };
     if outbox
         .send(Outbound::Frame(Frame::Hello(hello)))
         .await
         .is_ok()
     {
-        session.serve(accepted.reader, nested, started).await;
+        session
+            .serve(accepted.reader, (inbox, inbox_rx), started)
+            .await;
     }
     // Watches stop with the session.
     session.resources.clear();
@@ -188,82 +159,6 @@ where
         writer_task.abort();
     }
     drop(guard);
-}
-
-/// Message 2's payload: who this gateway is.
-fn gateway_info(gateway: &Gateway) -> Vec<u8> {
-    let info = json!({
-        "provider_id": gateway.config.provider_id,
-        "protocol": PROTOCOL,
-        "instance_id": gateway.instance_id,
-        "version": env!("CARGO_PKG_VERSION"),
-    });
-    info.to_string().into_bytes()
-}
-
-/// A token in message 3 names the principal; without one, the client's
-/// authenticated static key does. The reason is for the log, never the peer.
-fn authenticate(
-    policy: &Policy,
-    key: &portcullis_crypto::PublicKey,
-    credentials: &[u8],
-) -> Result<String, String> {
-    let credentials: Map<String, Value> = serde_json::from_slice(credentials)
-        .map_err(|_| "message 3 payload is not a JSON object".to_string())?;
-    let principal = match credentials.get("token") {
-        Some(Value::String(token)) => principal_by_token(policy, token).ok_or("unknown token")?,
-        Some(_) => return Err("`token` is not a string".into()),
-        None => principal_by_key(policy, key.as_bytes()).ok_or("unknown client key")?,
-    };
-    principal_status(policy, &principal.id, jiff::Timestamp::now()).map_err(|(_, rule)| rule)?;
-    Ok(principal.id.clone())
-}
-
-/// The descriptors of the tools `principal` may call, by name.
-fn tools_by_name(
-    policy: &Policy,
-    principal: &str,
-    now: jiff::Timestamp,
-) -> BTreeMap<String, Value> {
-    portcullis_policy::tool_descriptors(policy, principal, now)
-        .into_iter()
-        .collect()
-}
-
-/// The `capabilities` of a hello: only what the principal is granted.
-pub fn capabilities_json(policy: &Policy, granted: &Summary) -> Map<String, Value> {
-    let mut caps = Map::new();
-    if !granted.fileops.is_empty() {
-        let roots: Vec<Value> = granted
-            .fileops
-            .iter()
-            .filter_map(|(id, mode)| {
-                let root = policy.root(id)?;
-                Some(json!({"root_id": id, "label": root.description.clone().unwrap_or_else(|| id.clone()),
-                            "virtual_path": root.virtual_path, "mode": mode.as_str()}))
-            })
-            .collect();
-        caps.insert("fileops".into(), json!({"enabled": true, "roots": roots}));
-    }
-    if granted.shell {
-        caps.insert(
-            "shell".into(),
-            json!({"enabled": true, "runtime": "portcullis", "interactive": granted.pty}),
-        );
-    }
-    if !granted.tools.is_empty() {
-        caps.insert(
-            "tools".into(),
-            json!({"enabled": true, "tool_count": granted.tools.len()}),
-        );
-    }
-    if granted.scripts {
-        caps.insert("scripts".into(), json!({"enabled": true}));
-    }
-    if granted.resources {
-        caps.insert("resources".into(), json!({"enabled": true}));
-    }
-    caps
 }
 
 struct Session {
@@ -319,14 +214,13 @@ impl Session {
     async fn serve<R: RecordSource>(
         &mut self,
         mut reader: R,
-        mut nested: mpsc::Receiver<Box<Nested>>,
+        (done_tx, mut done_rx): (InboxSender, mpsc::UnboundedReceiver<Inbox>),
         started: Instant,
     ) {
         let limits = self.gateway.config.limits;
         let gateway = self.gateway.clone();
         let mut policy_rx = gateway.policy.subscribe();
         let mut paused_rx = gateway.paused.subscribe();
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<RequestId>();
         let mut expiry = self.next_expiry();
         let mut pinged = false;
         let mut draining = false;
@@ -382,12 +276,9 @@ impl Session {
                     let event = if *paused_rx.borrow_and_update() { "provider.paused" } else { "provider.resumed" };
                     self.event(event, json!({})).await;
                 }
-                Some(id) = done_rx.recv() => {
-                    self.finished(&id);
-                    self.finish_done(&mut done_rx);
-                }
-                Some(request) = nested.recv() => {
-                    self.handle_nested(*request, &done_tx, draining).await;
+                Some(item) = done_rx.recv() => {
+                    self.take_inbox(item, &done_tx, draining).await;
+                    self.drain_inbox(&mut done_rx, &done_tx, draining).await;
                 }
                 () = &mut idle => {
                     if pinged {
@@ -415,7 +306,7 @@ impl Session {
                         self.handle_record(plaintext, &done_tx, draining).await;
                         // Answers sent meanwhile free their ids here, not
                         // in a turn of their own.
-                        self.finish_done(&mut done_rx);
+                        self.drain_inbox(&mut done_rx, &done_tx, draining).await;
                     }
                 },
             }
@@ -429,7 +320,10 @@ impl Session {
             )
             .await
             {
-                Ok(Some(id)) => self.finished(&id),
+                Ok(Some(Inbox::Done(id))) => self.finished(&id),
+                // Ending: a call's own request is dropped unanswered, and
+                // its caller hears that the session ended.
+                Ok(Some(Inbox::Nested(_))) => {}
                 _ => break,
             }
         }
@@ -450,10 +344,24 @@ impl Session {
         self.info.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// [`finished`](Self::finished) for every answer already announced.
-    fn finish_done(&mut self, done: &mut mpsc::UnboundedReceiver<RequestId>) {
-        while let Ok(id) = done.try_recv() {
-            self.finished(&id);
+    /// One item of the inbox: an answer's id freed, or a call's own
+    /// request taken.
+    async fn take_inbox(&mut self, item: Inbox, done: &InboxSender, draining: bool) {
+        match item {
+            Inbox::Done(id) => self.finished(&id),
+            Inbox::Nested(nested) => self.handle_nested(*nested, done, draining).await,
+        }
+    }
+
+    /// [`take_inbox`](Self::take_inbox) for everything already queued.
+    async fn drain_inbox(
+        &mut self,
+        inbox: &mut mpsc::UnboundedReceiver<Inbox>,
+        done: &InboxSender,
+        draining: bool,
+    ) {
+        while let Ok(item) = inbox.try_recv() {
+            self.take_inbox(item, done, draining).await;
         }
     }
 
@@ -490,12 +398,7 @@ impl Session {
         .await;
     }
 
-    async fn handle_record(
-        &mut self,
-        plaintext: Vec<u8>,
-        done: &mpsc::UnboundedSender<RequestId>,
-        draining: bool,
-    ) {
+    async fn handle_record(&mut self, plaintext: Vec<u8>, done: &InboxSender, draining: bool) {
         // Chunk data travels on as a slice of the record, not a copy.
         let plaintext = Bytes::from(plaintext);
         match record::decode(&plaintext) {
@@ -598,23 +501,6 @@ impl Session {
             .collect();
         self.accepted = Some(accepted);
     }
-}
-
-fn granted_names(granted: &Summary) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let caps = [
-        (Capability::Fileops, !granted.fileops.is_empty()),
-        (Capability::Shell, granted.shell),
-        (Capability::Tools, !granted.tools.is_empty()),
-        (Capability::Scripts, granted.scripts),
-        (Capability::Resources, granted.resources),
-    ];
-    for (cap, on) in caps {
-        if on {
-            names.insert(cap.as_str().to_string());
-        }
-    }
-    names
 }
 
 /// `start + wait`, or about thirty years on when that would overflow (a

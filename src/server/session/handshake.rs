@@ -1,0 +1,93 @@
+//! The Noise handshake over an upgraded WebSocket, and who the client is:
+//! a token in message 3, else its authenticated static key.
+
+use std::sync::Arc;
+
+use portcullis_policy::{Policy, principal_by_key, principal_by_token, principal_status};
+use portcullis_wire::channel;
+use portcullis_wire::frame::PROTOCOL;
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::{Instant, timeout};
+use tokio_tungstenite::WebSocketStream;
+use tracing::debug;
+
+use super::run;
+use crate::server::peer::Peer;
+use crate::server::state::Gateway;
+
+/// A channel whose handshake is done: what a transport hands a session.
+pub struct Opened<R, W> {
+    pub reader: R,
+    pub writer: W,
+    /// The client's authenticated static key.
+    pub client_key: portcullis_crypto::PublicKey,
+    /// What the client sent to authenticate (`{}` or `{"token": …}`);
+    /// zeroized on drop.
+    pub credentials: zeroize::Zeroizing<Vec<u8>>,
+}
+
+/// The Noise handshake over an upgraded WebSocket (bounded by
+/// `handshake_timeout`), then the session. A failed handshake is a
+/// security event.
+pub async fn over_websocket<S>(gateway: Arc<Gateway>, ws: WebSocketStream<S>, peer: Peer)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let started = Instant::now();
+    // The handshake's future (the WebSocket, the handshake state, the
+    // timer) ends with this statement, not with the session.
+    let accepted = {
+        let info = gateway_info(&gateway);
+        let limit = gateway.config.limits.handshake_timeout;
+        timeout(limit, channel::accept(ws, &gateway.key, &info)).await
+    };
+    let opened = match accepted {
+        Ok(Ok(accepted)) => Opened {
+            reader: accepted.reader,
+            writer: accepted.writer,
+            client_key: accepted.client_key,
+            credentials: accepted.credentials,
+        },
+        Ok(Err(e)) => {
+            debug!(%peer, "handshake failed: {e}");
+            let detail = format!("peer {peer}: {e}");
+            return gateway.security_event("handshake_failed", None, detail);
+        }
+        Err(_) => {
+            debug!(%peer, "handshake timed out");
+            let detail = format!("peer {peer}: timed out");
+            return gateway.security_event("handshake_failed", None, detail);
+        }
+    };
+    run(gateway, opened, peer, started).await
+}
+
+/// Message 2's payload: who this gateway is.
+pub(super) fn gateway_info(gateway: &Gateway) -> Vec<u8> {
+    let info = json!({
+        "provider_id": gateway.config.provider_id,
+        "protocol": PROTOCOL,
+        "instance_id": gateway.instance_id,
+        "version": env!("CARGO_PKG_VERSION"),
+    });
+    info.to_string().into_bytes()
+}
+
+/// A token in message 3 names the principal; without one, the client's
+/// authenticated static key does. The reason is for the log, never the peer.
+pub(super) fn authenticate(
+    policy: &Policy,
+    key: &portcullis_crypto::PublicKey,
+    credentials: &[u8],
+) -> Result<String, String> {
+    let credentials: Map<String, Value> = serde_json::from_slice(credentials)
+        .map_err(|_| "message 3 payload is not a JSON object".to_string())?;
+    let principal = match credentials.get("token") {
+        Some(Value::String(token)) => principal_by_token(policy, token).ok_or("unknown token")?,
+        Some(_) => return Err("`token` is not a string".into()),
+        None => principal_by_key(policy, key.as_bytes()).ok_or("unknown client key")?,
+    };
+    principal_status(policy, &principal.id, jiff::Timestamp::now()).map_err(|(_, rule)| rule)?;
+    Ok(principal.id.clone())
+}
