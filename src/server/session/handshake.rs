@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use portcullis_policy::{Policy, principal_by_key, principal_by_token, principal_status};
-use portcullis_wire::channel;
+use portcullis_wire::channel::{self, RecordReader, RecordWriter};
 use portcullis_wire::frame::PROTOCOL;
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -35,32 +35,45 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let started = Instant::now();
-    // The handshake's future (the WebSocket, the handshake state, the
-    // timer) ends with this statement, not with the session.
-    let accepted = {
-        let info = gateway_info(&gateway);
-        let limit = gateway.config.limits.handshake_timeout;
-        timeout(limit, channel::accept(ws, &gateway.key, &info)).await
-    };
-    let opened = match accepted {
-        Ok(Ok(accepted)) => Opened {
+    if let Some(opened) = handshake(&gateway, ws, &peer).await {
+        run(gateway, opened, peer, started).await
+    }
+}
+
+/// The handshake on its own, so that nothing of it stays in the session's
+/// future. (Boxed: a value moved into an awaited call stays in the
+/// caller's future as well, rust-lang/rust#62958, here for the session's
+/// life.)
+async fn handshake<S>(
+    gateway: &Gateway,
+    ws: WebSocketStream<S>,
+    peer: &Peer,
+) -> Option<Box<Opened<RecordReader<S>, RecordWriter<S>>>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let info = gateway_info(gateway);
+    let limit = gateway.config.limits.handshake_timeout;
+    match timeout(limit, channel::accept(ws, &gateway.key, &info)).await {
+        Ok(Ok(accepted)) => Some(Box::new(Opened {
             reader: accepted.reader,
             writer: accepted.writer,
             client_key: accepted.client_key,
             credentials: accepted.credentials,
-        },
+        })),
         Ok(Err(e)) => {
             debug!(%peer, "handshake failed: {e}");
             let detail = format!("peer {peer}: {e}");
-            return gateway.security_event("handshake_failed", None, detail);
+            gateway.security_event("handshake_failed", None, detail);
+            None
         }
         Err(_) => {
             debug!(%peer, "handshake timed out");
             let detail = format!("peer {peer}: timed out");
-            return gateway.security_event("handshake_failed", None, detail);
+            gateway.security_event("handshake_failed", None, detail);
+            None
         }
-    };
-    run(gateway, opened, peer, started).await
+    }
 }
 
 /// Message 2's payload: who this gateway is.

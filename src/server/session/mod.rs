@@ -65,8 +65,12 @@ type InboxSender = mpsc::UnboundedSender<Inbox>;
 /// One session over any transport, from its opened channel to its close.
 /// `started` is when the connection began (`relay.accepted` is due within
 /// `handshake_timeout` of it).
-pub async fn run<R, W>(gateway: Arc<Gateway>, accepted: Opened<R, W>, peer: Peer, started: Instant)
-where
+pub async fn run<R, W>(
+    gateway: Arc<Gateway>,
+    accepted: Box<Opened<R, W>>,
+    peer: Peer,
+    started: Instant,
+) where
     R: RecordSource,
     W: RecordSink,
 {
@@ -349,7 +353,8 @@ impl Session {
     async fn take_inbox(&mut self, item: Inbox, done: &InboxSender, draining: bool) {
         match item {
             Inbox::Done(id) => self.finished(&id),
-            Inbox::Nested(nested) => self.handle_nested(*nested, done, draining).await,
+            // Boxed, so that an idle session's future has no room for it.
+            Inbox::Nested(nested) => Box::pin(self.handle_nested(*nested, done, draining)).await,
         }
     }
 
