@@ -345,18 +345,15 @@ impl Providers {
         self.all.iter().flat_map(|p| p.gauges()).collect()
     }
 
-    pub fn input_channel(&self, request: &Request) -> Option<Channel> {
-        (self.method(&request.method)?.input)(request)
-    }
-
-    pub fn long_running(&self, method: &str) -> bool {
-        self.method(method).is_some_and(|m| m.long_running)
-    }
-
     /// What policy decides on for `request`. A method no provider serves
     /// has no target: policy calls it unknown, whatever its params.
     pub fn query_for(&self, request: &Request) -> Result<Query, ErrorBody> {
-        let target = match self.method(&request.method) {
+        Self::query(self.method(&request.method), request)
+    }
+
+    /// [`query_for`](Self::query_for) with the method already looked up.
+    pub fn query(method: Option<&Method>, request: &Request) -> Result<Query, ErrorBody> {
+        let target = match method {
             Some(method) => (method.target)(request)?,
             None => Target::None,
         };

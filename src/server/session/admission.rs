@@ -26,7 +26,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::error;
 
 use super::{INPUT_QUEUE, InFlight, Inbox, InboxSender, InputRoute, Session};
-use crate::provider::{Answer, Call, Durable, Nested, Outbound, StartEntry, StreamSink, Usage};
+use crate::provider::{
+    Answer, Call, Durable, Method, Nested, Outbound, Providers, StartEntry, StreamSink, Usage,
+};
 use crate::server::Gateway;
 use crate::server::approvals::{Ask, record_outcome};
 use crate::server::entry::{self, code_name, describe_target, error_code};
@@ -51,6 +53,8 @@ struct Refusal {
 
 /// What admission allows a request to run with.
 struct Admitted {
+    /// The method as its provider declared it.
+    method: &'static Method,
     policy: Arc<Policy>,
     terms: Terms,
     /// Parked for an operator first, under this policy.
@@ -184,8 +188,8 @@ impl Session {
                 "the gateway is paused by its operator",
             );
         }
-        let providers = &self.gateway.providers;
-        let query = providers.query_for(request).map_err(|e| Refusal {
+        let method = self.gateway.providers.method(&request.method);
+        let query = Providers::query(method, request).map_err(|e| Refusal {
             code: e.code,
             message: e.message,
         })?;
@@ -202,12 +206,12 @@ impl Session {
         {
             return refuse(error_code(denial), &decision.rule);
         }
-        if !providers.serves(&request.method) {
+        let Some(method) = method else {
             return refuse(
                 ErrorCode::UnknownMethod,
                 &format!("method `{}` is not served by this gateway", request.method),
             );
-        }
+        };
         if let Some(capability) = decision.capability
             && !accepted.contains(capability.as_str())
             && !matches!(decision.verdict, Verdict::Deny(_))
@@ -234,6 +238,7 @@ impl Session {
             Verdict::RequireApproval(policy) => Some(policy),
         };
         Ok(Admitted {
+            method,
             policy,
             terms: decision.terms,
             approval,
@@ -291,6 +296,7 @@ impl Session {
         let id = request.id.clone();
         let gateway = self.gateway.clone();
         let Admitted {
+            method,
             policy,
             terms,
             approval,
@@ -299,7 +305,7 @@ impl Session {
         // approved (in its task, below). Otherwise it is submitted here and
         // is durable before the call acts (see `StartEntry`).
         let mut start_entry = StartEntry::durable();
-        if approval.is_none() && gateway.providers.long_running(&request.method) {
+        if approval.is_none() && method.long_running {
             let start = AuditRecord {
                 kind: Kind::RequestStart,
                 ..record.clone()
@@ -327,7 +333,7 @@ impl Session {
         // A nested request takes no binary input: nothing can route it.
         let input = match &to {
             AnswerTo::Caller { .. } => None,
-            AnswerTo::Peer => gateway.providers.input_channel(&request).map(|channel| {
+            AnswerTo::Peer => (method.input)(&request).map(|channel| {
                 let (tx, rx) = mpsc::channel(INPUT_QUEUE);
                 let route = InputRoute {
                     channel,
@@ -368,7 +374,7 @@ impl Session {
         tokio::spawn(Box::pin(async move {
             let approved = match approval {
                 None => Ok(()),
-                Some(policy) => approve(&gateway, &call, policy, &mut record).await,
+                Some(policy) => approve(&gateway, &call, policy, method, &mut record).await,
             };
             let outcome = match approved {
                 Ok(()) => gateway.providers.run(call).await,
@@ -454,6 +460,7 @@ async fn approve(
     gateway: &Gateway,
     call: &Call,
     policy: ApprovalPolicy,
+    method: &Method,
     record: &mut AuditRecord,
 ) -> Result<(), ErrorBody> {
     let ask = Ask::for_request(&call.principal, &call.request, policy);
@@ -461,7 +468,7 @@ async fn approve(
     let outcome = gateway.approvals.obtain(ask, timeout, &call.cancel).await;
     record_outcome(record, &outcome);
     outcome?;
-    if !gateway.providers.long_running(&call.request.method) {
+    if !method.long_running {
         return Ok(());
     }
     let start = AuditRecord {
