@@ -101,18 +101,32 @@ fn shorten(path: &str) -> String {
     path.chars().take(120).collect()
 }
 
+/// Why a root's `virtual_path` in the policy file was refused; the message
+/// completes "virtual_path …".
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub(crate) enum VirtualRootError {
+    #[error("must be absolute (start with `/`)")]
+    Relative,
+    #[error("{0}")]
+    Path(#[from] PathError),
+    #[error("must not be `/` itself")]
+    Slash,
+    #[error("is not normalised; write `{0}`")]
+    NotNormal(String),
+}
+
 /// Checks a virtual root path from the policy file: absolute, normalised,
 /// not `/` itself.
-pub(crate) fn check_virtual_root(path: &str) -> Result<(), String> {
+pub(crate) fn check_virtual_root(path: &str) -> Result<(), VirtualRootError> {
     if !path.starts_with('/') {
-        return Err("must be absolute (start with `/`)".into());
+        return Err(VirtualRootError::Relative);
     }
-    let normal = normalize("/", path).map_err(|e| e.to_string())?;
+    let normal = normalize("/", path)?;
     if normal.is_root() {
-        return Err("must not be `/` itself".into());
+        return Err(VirtualRootError::Slash);
     }
     if format!("/{normal}") != path {
-        return Err(format!("is not normalised; write `/{normal}`"));
+        return Err(VirtualRootError::NotNormal(format!("/{normal}")));
     }
     Ok(())
 }

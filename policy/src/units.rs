@@ -3,8 +3,23 @@
 
 use std::time::Duration;
 
+/// Why a size or duration from the policy file was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitError {
+    #[error("`{0}` is not a size like `16 MiB`")]
+    NotASize(String),
+    #[error("unknown size unit `{0}` (use B, KiB, MiB, GiB, KB, MB or GB)")]
+    SizeUnit(String),
+    #[error("`{0}` is not a duration like `90s`, `10m`, `1h 30m` or `90d`")]
+    NotADuration(String),
+    #[error("`{0}` is negative")]
+    Negative(String),
+    #[error("`{0}` is too large")]
+    TooLarge(String),
+}
+
 /// Parses `"512"`, `"64 KiB"`, `"16MiB"`, `"1 GB"` into bytes.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, UnitError> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -12,7 +27,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let (number, unit) = text.split_at(split);
     let number: u64 = number
         .parse()
-        .map_err(|_| format!("`{text}` is not a size like `16 MiB`"))?;
+        .map_err(|_| UnitError::NotASize(text.to_owned()))?;
     let multiplier: u64 = match unit.trim() {
         "" | "B" => 1,
         "KB" => 1_000,
@@ -22,19 +37,17 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "MiB" => 1 << 20,
         "GiB" => 1 << 30,
         other => {
-            return Err(format!(
-                "unknown size unit `{other}` (use B, KiB, MiB, GiB, KB, MB or GB)"
-            ));
+            return Err(UnitError::SizeUnit(other.to_owned()));
         }
     };
     number
         .checked_mul(multiplier)
-        .ok_or_else(|| format!("`{text}` is too large"))
+        .ok_or_else(|| UnitError::TooLarge(text.to_owned()))
 }
 
 /// Parses `"90s"`, `"10m"`, `"1h 30m"` (jiff's friendly format), or whole
 /// days `"90d"`, into a duration; negative durations are refused.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     // jiff's SignedDuration has no days (they are calendar units there);
     // for ages and retention a day is 24 hours.
     if let Some(days) = text
@@ -45,13 +58,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return days
             .checked_mul(86_400)
             .map(Duration::from_secs)
-            .ok_or_else(|| format!("`{text}` is too long"));
+            .ok_or_else(|| UnitError::TooLarge(text.to_owned()));
     }
     let signed: jiff::SignedDuration = text
         .trim()
         .parse()
-        .map_err(|_| format!("`{text}` is not a duration like `90s`, `10m`, `1h 30m` or `90d`"))?;
-    Duration::try_from(signed).map_err(|_| format!("`{text}` is negative"))
+        .map_err(|_| UnitError::NotADuration(text.to_owned()))?;
+    Duration::try_from(signed).map_err(|_| UnitError::Negative(text.to_owned()))
 }
 
 #[cfg(test)]
@@ -67,6 +80,7 @@ mod tests {
         assert!(
             parse_size("1 PiB")
                 .unwrap_err()
+                .to_string()
                 .contains("unknown size unit")
         );
         assert!(parse_size("lots").is_err());

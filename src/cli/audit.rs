@@ -75,7 +75,9 @@ fn daemon(
     socket: &std::path::Path,
     path: &str,
 ) -> Result<Value, String> {
-    let (status, body) = rt.block_on(admin::request(socket, Method::GET, path))?;
+    let (status, body) = rt
+        .block_on(admin::request(socket, Method::GET, path))
+        .map_err(|e| e.to_string())?;
     if status.is_success() {
         Ok(body)
     } else {
@@ -244,7 +246,9 @@ pub struct VerifyArgs {
 /// The key to check signatures with: `--key`, else the state directory's.
 fn verifying_key(source: &Source, given: &Option<String>) -> Result<Option<Vec<u8>>, String> {
     if let Some(key) = given {
-        return portcullis_store::decode_public_key(key).map(Some);
+        return portcullis_store::decode_public_key(key)
+            .map(Some)
+            .map_err(|e| e.to_string());
     }
     let config = Config::load(&source.config).map_err(|e| e.to_string())?;
     let signer = portcullis_store::AuditSigner::load(&config.state_dir.join("audit.key"))
@@ -260,7 +264,7 @@ pub fn verify(source: Source, args: VerifyArgs) -> ExitCode {
                 .key
                 .as_deref()
                 .ok_or("--file needs --key (the audit public key; `portcullis audit key`)")?;
-            let key = portcullis_store::decode_public_key(key)?;
+            let key = portcullis_store::decode_public_key(key).map_err(|e| e.to_string())?;
             let reader = std::io::BufReader::new(
                 std::fs::File::open(file).map_err(|e| format!("{}: {e}", file.display()))?,
             );
@@ -315,9 +319,9 @@ pub fn export(source: Source, output: Option<PathBuf>) -> ExitCode {
             None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
         };
         match backend(&source, &rt)? {
-            Backend::Daemon(socket) => {
-                rt.block_on(admin::download(&socket, "/v1/audit/export", &mut out))?
-            }
+            Backend::Daemon(socket) => rt
+                .block_on(admin::download(&socket, "/v1/audit/export", &mut out))
+                .map_err(|e| e.to_string())?,
             Backend::Offline(log, _store) => {
                 log.export(&mut out).map_err(|e| e.to_string())?;
             }
@@ -393,7 +397,9 @@ pub fn prune(source: Source, before: String) -> ExitCode {
                     "/v1/audit/prune?before={}",
                     admin::percent_encode(&before.to_string())
                 );
-                let (status, body) = rt.block_on(admin::request(&socket, Method::POST, &path))?;
+                let (status, body) = rt
+                    .block_on(admin::request(&socket, Method::POST, &path))
+                    .map_err(|e| e.to_string())?;
                 if !status.is_success() {
                     return Err(body["error"]
                         .as_str()

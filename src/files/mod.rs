@@ -471,6 +471,13 @@ async fn read(
     }
 }
 
+/// Content asked for as text that is not UTF-8.
+#[derive(Debug, thiserror::Error)]
+#[error("not UTF-8 text (byte {at}); read it with encoding base64")]
+pub(crate) struct NotUtf8 {
+    at: usize,
+}
+
 /// The longest prefix of `data` whose encoding fits one response, as
 /// (content, bytes of `data` used). UTF-8 is cut at a character boundary;
 /// bytes that are not UTF-8 are an error that names the way out.
@@ -479,7 +486,7 @@ pub(crate) fn fit_inline(
     encoding: Encoding,
     at_eof: bool,
     budget: usize,
-) -> Result<(String, usize), String> {
+) -> Result<(String, usize), NotUtf8> {
     match encoding {
         Encoding::Base64 => {
             let used = data.len().min(budget / 4 * 3);
@@ -494,10 +501,9 @@ pub(crate) fn fit_inline(
                     std::str::from_utf8(&data[..e.valid_up_to()]).unwrap_or_default()
                 }
                 Err(e) => {
-                    return Err(format!(
-                        "not UTF-8 text (byte {}); read it with encoding base64",
-                        e.valid_up_to()
-                    ));
+                    return Err(NotUtf8 {
+                        at: e.valid_up_to(),
+                    });
                 }
             };
             loop {

@@ -147,6 +147,17 @@ struct Ticket {
     token: u64,
 }
 
+/// Why one more path cannot be watched.
+#[derive(Debug, thiserror::Error)]
+enum WatchError {
+    #[error("the gateway watches {MAX_WATCHED_TOTAL} paths already")]
+    Full,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Notify(notify::Error),
+}
+
 impl Hub {
     /// A hub with no watches; notify's watcher is made at the first.
     pub fn new() -> Arc<Self> {
@@ -159,15 +170,13 @@ impl Hub {
 
     /// Watches the inode `fd` (opened beneath a root) is, for `route`.
     /// Fails when the daemon-wide cap is reached or inotify refuses.
-    fn watch(&self, fd: &OwnedFd, route: Route) -> Result<Ticket, String> {
-        let stat = rustix::fs::fstat(fd).map_err(|e| e.to_string())?;
+    fn watch(&self, fd: &OwnedFd, route: Route) -> Result<Ticket, WatchError> {
+        let stat = rustix::fs::fstat(fd).map_err(std::io::Error::from)?;
         let inode = (stat.st_dev, stat.st_ino);
         let (token, new_fd) = {
             let mut state = lock(&self.state);
             if state.routes >= MAX_WATCHED_TOTAL {
-                return Err(format!(
-                    "the gateway watches {MAX_WATCHED_TOTAL} paths already"
-                ));
+                return Err(WatchError::Full);
             }
             state.next_token += 1;
             let token = state.next_token;
@@ -178,7 +187,7 @@ impl Hub {
                     (token, None)
                 }
                 None => {
-                    let own = fd.try_clone().map_err(|e| e.to_string())?;
+                    let own = fd.try_clone()?;
                     let n = own.as_raw_fd();
                     state.by_fd.insert(n, inode);
                     let routes = vec![(token, route)];
@@ -213,7 +222,7 @@ impl Hub {
             Ok(()) => Ok(ticket),
             Err(e) => {
                 self.unwatch(&ticket);
-                Err(e.to_string())
+                Err(WatchError::Notify(e))
             }
         }
     }

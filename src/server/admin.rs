@@ -209,7 +209,7 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
                     Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e })),
                 }
             }
-            Err(e) => reply(StatusCode::BAD_REQUEST, json!({ "error": e })),
+            Err(e) => reply(StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
         },
         (&Method::POST, "/v1/audit/prune") => {
             let query = request.uri().query().unwrap_or("");
@@ -281,9 +281,26 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
     }
 }
 
+/// Why an audit query string was refused; sent back as a 400's `error`.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    #[error("bad percent-encoding in the query")]
+    PercentEncoding,
+    #[error("the query is not UTF-8")]
+    NotUtf8,
+    #[error("`{0}` must be an RFC 3339 time")]
+    Time(String),
+    #[error("`limit` must be a number")]
+    Limit,
+    #[error("unknown {key} `{value}`")]
+    UnknownValue { key: String, value: String },
+    #[error("unknown filter `{0}`")]
+    UnknownFilter(String),
+}
+
 /// `since`/`until` (RFC 3339 times), `principal`, `method` (glob),
 /// `decision`, `status`, `limit`; values percent-encoded.
-pub fn audit_filter(query: &str) -> Result<portcullis_store::Filter, String> {
+pub fn audit_filter(query: &str) -> Result<portcullis_store::Filter, FilterError> {
     let mut filter = portcullis_store::Filter::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -291,7 +308,7 @@ pub fn audit_filter(query: &str) -> Result<portcullis_store::Filter, String> {
         let time = || {
             value
                 .parse::<jiff::Timestamp>()
-                .map_err(|_| format!("`{key}` must be an RFC 3339 time"))
+                .map_err(|_| FilterError::Time(key.to_string()))
         };
         match key {
             "since" => filter.since = Some(time()?),
@@ -300,21 +317,21 @@ pub fn audit_filter(query: &str) -> Result<portcullis_store::Filter, String> {
             "method" => filter.method = Some(value),
             "decision" => filter.decision = Some(named(key, &value)?),
             "status" => filter.status = Some(named(key, &value)?),
-            "limit" => {
-                filter.limit = value
-                    .parse()
-                    .map_err(|_| "`limit` must be a number".to_string())?
-            }
-            other => return Err(format!("unknown filter `{other}`")),
+            "limit" => filter.limit = value.parse().map_err(|_| FilterError::Limit)?,
+            other => return Err(FilterError::UnknownFilter(other.to_string())),
         }
     }
     Ok(filter)
 }
 
 /// A snake_case enum value by name (`blocked`, `succeeded`, …).
-fn named<T: serde::de::DeserializeOwned>(key: &str, value: &str) -> Result<T, String> {
-    serde_json::from_value(Value::String(value.to_string()))
-        .map_err(|_| format!("unknown {key} `{value}`"))
+fn named<T: serde::de::DeserializeOwned>(key: &str, value: &str) -> Result<T, FilterError> {
+    serde_json::from_value(Value::String(value.to_string())).map_err(|_| {
+        FilterError::UnknownValue {
+            key: key.to_string(),
+            value: value.to_string(),
+        }
+    })
 }
 
 /// Percent-encodes everything but unreserved characters (RFC 3986).
@@ -330,26 +347,29 @@ pub fn percent_encode(value: &str) -> String {
         .collect()
 }
 
-fn percent_decode(value: &str) -> Result<String, String> {
+fn percent_decode(value: &str) -> Result<String, FilterError> {
     let bytes = value.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = value.get(i + 1..i + 3).ok_or("bad percent-encoding")?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad percent-encoding")?);
+            let hex = value
+                .get(i + 1..i + 3)
+                .ok_or(FilterError::PercentEncoding)?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| FilterError::PercentEncoding)?);
             i += 3;
         } else {
             out.push(bytes[i]);
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| "query is not UTF-8".to_string())
+    String::from_utf8(out).map_err(|_| FilterError::NotUtf8)
 }
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
-/// Runs a store read on the blocking pool.
+/// Runs a store read on the blocking pool; the error is the message a 500
+/// carries.
 async fn blocking<T: Send + 'static>(
     read: impl FnOnce() -> Result<T, portcullis_store::StoreError> + Send + 'static,
 ) -> Result<T, String> {
@@ -426,66 +446,75 @@ fn reply(status: StatusCode, body: Value) -> Response<Body> {
     response
 }
 
+/// Why a request to the admin socket got no answer (the CLI's side).
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("cannot reach the daemon at {socket}: {source} (is it running? see --admin-socket)")]
+    Connect {
+        socket: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the admin socket's HTTP failed: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("cannot build the request: {0}")]
+    Request(#[from] hyper::http::Error),
+    #[error("{0}")]
+    Refused(String),
+    #[error("cannot write the answer: {0}")]
+    Write(std::io::Error),
+}
+
 /// A request to a running daemon's admin socket: what the CLI uses.
 pub async fn request(
     socket: &Path,
     method: Method,
     path: &str,
-) -> Result<(StatusCode, Value), String> {
+) -> Result<(StatusCode, Value), AdminError> {
     let response = send(socket, method, path).await?;
     let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
+    let body = response.into_body().collect().await?.to_bytes();
     let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     Ok((status, value))
 }
 
 /// A GET whose body is copied to `out` as it arrives (`audit export`).
-/// Returns the error message of a refused request.
+/// A refused request is `AdminError::Refused` with the daemon's message.
 pub async fn download(
     socket: &Path,
     path: &str,
     out: &mut dyn std::io::Write,
-) -> Result<(), String> {
+) -> Result<(), AdminError> {
     let response = send(socket, Method::GET, path).await?;
     let status = response.status();
     let mut body = response.into_body();
     if !status.is_success() {
-        let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let body = body.collect().await?.to_bytes();
         let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        return Err(value["error"].as_str().unwrap_or("refused").to_string());
+        let message = value["error"].as_str().unwrap_or("refused").to_string();
+        return Err(AdminError::Refused(message));
     }
     while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() {
-            out.write_all(&data).map_err(|e| e.to_string())?;
+        if let Ok(data) = frame?.into_data() {
+            out.write_all(&data).map_err(AdminError::Write)?;
         }
     }
     Ok(())
 }
 
-async fn send(socket: &Path, method: Method, path: &str) -> Result<Response<Incoming>, String> {
-    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
-        format!(
-            "cannot reach the daemon at {}: {e} (is it running? see --admin-socket)",
-            socket.display()
-        )
-    })?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+async fn send(socket: &Path, method: Method, path: &str) -> Result<Response<Incoming>, AdminError> {
+    let stream = tokio::net::UnixStream::connect(socket)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|source| AdminError::Connect {
+            socket: socket.to_path_buf(),
+            source,
+        })?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(connection);
     let request = Request::builder()
         .method(method)
         .uri(path)
         .header(hyper::header::HOST, "portcullis")
-        .body(http_body_util::Empty::<Bytes>::new())
-        .map_err(|e| e.to_string())?;
-    sender
-        .send_request(request)
-        .await
-        .map_err(|e| e.to_string())
+        .body(http_body_util::Empty::<Bytes>::new())?;
+    Ok(sender.send_request(request).await?)
 }

@@ -210,22 +210,35 @@ impl Starter {
 /// Whether a thread of this process may lower its priority to the
 /// lowest and take `nice` back, as a launcher must: tried on a thread that
 /// then ends.
-fn can_restore(nice: i32) -> Result<(), String> {
+fn can_restore(nice: i32) -> Result<(), NiceError> {
     if nice >= LOWEST_NICE {
-        return Err(format!("the daemon runs at nice {nice} already"));
+        return Err(NiceError::AlreadyLowest(nice));
     }
     let tried = std::thread::spawn(move || {
-        rustix::process::setpriority_process(None, LOWEST_NICE)
-            .map_err(|e| format!("setpriority: {e}"))?;
-        rustix::process::setpriority_process(None, nice).map_err(|e| {
-            format!(
-                "taking nice {nice} back: {e} (RLIMIT_NICE must be at least {}, as the \
-                 unit's LimitNICE=+0 sets it for nice 0, or the daemon needs CAP_SYS_NICE)",
-                20 - nice
-            )
-        })
+        rustix::process::setpriority_process(None, LOWEST_NICE).map_err(NiceError::Lower)?;
+        rustix::process::setpriority_process(None, nice)
+            .map_err(|source| NiceError::TakeBack { nice, source })
     });
-    tried
-        .join()
-        .unwrap_or_else(|_| Err("the probe thread failed".into()))
+    tried.join().unwrap_or(Err(NiceError::ProbeFailed))
+}
+
+/// Why launchers cannot wait at the lowest priority (they then wait at the
+/// daemon's).
+#[derive(Debug, thiserror::Error)]
+enum NiceError {
+    #[error("the daemon runs at nice {0} already")]
+    AlreadyLowest(i32),
+    #[error("setpriority: {0}")]
+    Lower(rustix::io::Errno),
+    #[error(
+        "taking nice {nice} back: {source} (RLIMIT_NICE must be at least {}, as the unit's \
+         LimitNICE=+0 sets it for nice 0, or the daemon needs CAP_SYS_NICE)",
+        20 - nice
+    )]
+    TakeBack {
+        nice: i32,
+        source: rustix::io::Errno,
+    },
+    #[error("the probe thread failed")]
+    ProbeFailed,
 }

@@ -22,9 +22,24 @@ const MAX_SECRET_BYTES: u64 = 64 * 1024;
 
 pub struct CompiledTool {
     pub tool: Tool,
-    /// The script, or why it cannot run (unreadable, does not compile).
-    pub ast: Result<rhai::AST, String>,
-    pub schema: Result<jsonschema::Validator, String>,
+    /// The script, or why it cannot run.
+    pub ast: Result<rhai::AST, ScriptError>,
+    pub schema: Result<jsonschema::Validator, jsonschema::ValidationError<'static>>,
+}
+
+/// Why a tool's script cannot run; reported when the tool is called.
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} does not compile: {source}")]
+    Compile {
+        path: std::path::PathBuf,
+        source: rhai::ParseError,
+    },
 }
 
 pub struct Registry {
@@ -47,19 +62,25 @@ impl Registry {
             .tools
             .iter()
             .map(|tool| {
+                let path = || tool.script.clone();
                 let ast = read_limited(&tool.script, MAX_SCRIPT_BYTES)
-                    .map_err(|e| format!("cannot read {}: {e}", tool.script.display()))
+                    .map_err(|source| ScriptError::Read {
+                        path: path(),
+                        source,
+                    })
                     .and_then(|text| {
-                        let source = String::from_utf8_lossy(&text);
+                        let text = String::from_utf8_lossy(&text);
                         engine
-                            .compile(source.as_ref())
-                            .map_err(|e| format!("{} does not compile: {e}", tool.script.display()))
+                            .compile(text.as_ref())
+                            .map_err(|source| ScriptError::Compile {
+                                path: path(),
+                                source,
+                            })
                     });
                 if let Err(e) = &ast {
                     tracing::warn!(tool = %tool.name, "tool script: {e}");
                 }
-                let schema =
-                    jsonschema::validator_for(&tool.input_schema).map_err(|e| e.to_string());
+                let schema = jsonschema::validator_for(&tool.input_schema);
                 CompiledTool {
                     tool: tool.clone(),
                     ast,

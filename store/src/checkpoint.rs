@@ -150,15 +150,21 @@ impl AuditSigner {
 }
 
 /// Decodes a base64 audit public key.
-pub fn decode_public_key(text: &str) -> Result<Vec<u8>, String> {
+pub fn decode_public_key(text: &str) -> Result<Vec<u8>, PublicKeyError> {
     let bytes = STANDARD
         .decode(text.trim())
-        .map_err(|_| "the audit key is not base64".to_string())?;
+        .map_err(|_| PublicKeyError::NotBase64)?;
     if bytes.len() != 32 {
-        return Err(format!(
-            "the audit key is {} bytes; an Ed25519 public key is 32",
-            bytes.len()
-        ));
+        return Err(PublicKeyError::Length(bytes.len()));
     }
     Ok(bytes)
+}
+
+/// Why an audit public key given by an operator was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublicKeyError {
+    #[error("the audit key is not base64")]
+    NotBase64,
+    #[error("the audit key is {0} bytes; an Ed25519 public key is 32")]
+    Length(usize),
 }

@@ -18,7 +18,7 @@ pub use audit::{
     Record, Recovery, RequestContext, Retain, Status, Submitted, VerifyError, VerifyReport,
     verify_export,
 };
-pub use checkpoint::{AuditSigner, Checkpoint, PruneMarker, decode_public_key};
+pub use checkpoint::{AuditSigner, Checkpoint, PruneMarker, PublicKeyError, decode_public_key};
 use thiserror::Error;
 
 #[derive(Debug, Error)]

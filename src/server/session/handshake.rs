@@ -87,20 +87,40 @@ pub(super) fn gateway_info(gateway: &Gateway) -> Vec<u8> {
     info.to_string().into_bytes()
 }
 
+/// Why a handshake's credentials named no principal: for the log and the
+/// audit's `auth_refused` event, never for the peer.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum AuthError {
+    #[error("message 3 payload is not a JSON object")]
+    NotAnObject,
+    #[error("`token` is not a string")]
+    TokenNotAString,
+    #[error("unknown token")]
+    UnknownToken,
+    #[error("unknown client key")]
+    UnknownKey,
+    /// The principal exists but may not connect now (disabled, expired, …).
+    #[error("{0}")]
+    NotActive(String),
+}
+
 /// A token in message 3 names the principal; without one, the client's
-/// authenticated static key does. The reason is for the log, never the peer.
+/// authenticated static key does.
 pub(super) fn authenticate(
     policy: &Policy,
     key: &portcullis_crypto::PublicKey,
     credentials: &[u8],
-) -> Result<String, String> {
-    let credentials: Map<String, Value> = serde_json::from_slice(credentials)
-        .map_err(|_| "message 3 payload is not a JSON object".to_string())?;
+) -> Result<String, AuthError> {
+    let credentials: Map<String, Value> =
+        serde_json::from_slice(credentials).map_err(|_| AuthError::NotAnObject)?;
     let principal = match credentials.get("token") {
-        Some(Value::String(token)) => principal_by_token(policy, token).ok_or("unknown token")?,
-        Some(_) => return Err("`token` is not a string".into()),
-        None => principal_by_key(policy, key.as_bytes()).ok_or("unknown client key")?,
+        Some(Value::String(token)) => {
+            principal_by_token(policy, token).ok_or(AuthError::UnknownToken)?
+        }
+        Some(_) => return Err(AuthError::TokenNotAString),
+        None => principal_by_key(policy, key.as_bytes()).ok_or(AuthError::UnknownKey)?,
     };
-    principal_status(policy, &principal.id, jiff::Timestamp::now()).map_err(|(_, rule)| rule)?;
+    principal_status(policy, &principal.id, jiff::Timestamp::now())
+        .map_err(|(_, rule)| AuthError::NotActive(rule))?;
     Ok(principal.id.clone())
 }

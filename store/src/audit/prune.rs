@@ -98,7 +98,9 @@ impl AuditLog {
         }
     }
 
-    pub(super) fn prune_marker(&self) -> Result<Option<Result<PruneMarker, String>>, StoreError> {
+    pub(super) fn prune_marker(
+        &self,
+    ) -> Result<Option<Result<PruneMarker, serde_json::Error>>, StoreError> {
         read_prune_marker(&self.meta)
     }
 }
@@ -106,9 +108,9 @@ impl AuditLog {
 /// The prune marker, if the log was ever pruned (or what is wrong with it).
 pub(super) fn read_prune_marker(
     meta: &sled::Tree,
-) -> Result<Option<Result<PruneMarker, String>>, StoreError> {
+) -> Result<Option<Result<PruneMarker, serde_json::Error>>, StoreError> {
     let value = meta.get(PRUNE_KEY).map_err(StoreError::Sled)?;
-    Ok(value.map(|v| serde_json::from_slice(&v).map_err(|e| e.to_string())))
+    Ok(value.map(|v| serde_json::from_slice(&v)))
 }
 
 pub(super) type PruneReply = oneshot::Sender<Result<u64, StoreError>>;
@@ -261,8 +263,7 @@ impl Writer {
         self.meta
             .insert(PRUNE_KEY, serde_json::to_vec(&marker).unwrap_or_default())
             .map_err(io)?;
-        self.settle()
-            .map_err(|reason| StoreError::Failed { reason })?;
+        self.settle()?;
         Ok(Some((last.seq, count)))
     }
 }

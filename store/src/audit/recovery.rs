@@ -62,8 +62,7 @@ impl Writer {
             restored += 1;
         }
         if !frames.is_empty() {
-            self.settle()
-                .map_err(|reason| StoreError::Failed { reason })?;
+            self.settle()?;
         }
         Ok(restored)
     }

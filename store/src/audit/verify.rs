@@ -39,7 +39,7 @@ impl AuditLog {
                 let Some((ck, cv)) = checkpoints.next().transpose()? else {
                     break;
                 };
-                let checkpoint = serde_json::from_slice(&cv).map_err(|e| e.to_string());
+                let checkpoint = serde_json::from_slice(&cv);
                 if !verifier.checkpoint(key_seq(&ck), checkpoint) {
                     return Ok(verifier.finish());
                 }
@@ -107,8 +107,9 @@ pub fn verify_export(input: impl std::io::BufRead, key: &[u8]) -> Result<VerifyR
                 verifier.hashing = Hashing::Reencoded;
                 true
             }
-            Some("prune") if verifier.report.entries == 0 => verifier
-                .start(serde_json::from_value(value["prune"].clone()).map_err(|e| e.to_string())),
+            Some("prune") if verifier.report.entries == 0 => {
+                verifier.start(serde_json::from_value(value["prune"].clone()))
+            }
             Some("entry") => {
                 #[derive(Deserialize)]
                 struct EntryLine<'a> {
@@ -122,8 +123,8 @@ pub fn verify_export(input: impl std::io::BufRead, key: &[u8]) -> Result<VerifyR
                 verifier.entry(seq, raw)
             }
             Some("checkpoint") => {
-                let checkpoint: Result<Checkpoint, String> =
-                    serde_json::from_value(value["checkpoint"].clone()).map_err(|e| e.to_string());
+                let checkpoint: Result<Checkpoint, _> =
+                    serde_json::from_value(value["checkpoint"].clone());
                 let seq = checkpoint.as_ref().map_or(0, |c| c.seq);
                 verifier.checkpoint(seq, checkpoint)
             }
@@ -159,7 +160,7 @@ impl<'k> ChainVerifier<'k> {
     }
 
     /// The log starts after a prune: check the marker, continue from it.
-    fn start(&mut self, marker: Result<PruneMarker, String>) -> bool {
+    fn start(&mut self, marker: Result<PruneMarker, serde_json::Error>) -> bool {
         let Ok(marker) = marker else {
             return self.fail(VerifyError::PruneInvalid { first_seq: 0 });
         };
@@ -226,7 +227,11 @@ impl<'k> ChainVerifier<'k> {
         true
     }
 
-    fn checkpoint(&mut self, stored_at: u64, checkpoint: Result<Checkpoint, String>) -> bool {
+    fn checkpoint(
+        &mut self,
+        stored_at: u64,
+        checkpoint: Result<Checkpoint, serde_json::Error>,
+    ) -> bool {
         if stored_at < self.first_seq {
             return true; // covered pruned entries
         }

@@ -83,10 +83,10 @@ impl Writer {
             // After the answers: nobody waits for sled to be written out.
             if self.journal.len() >= JOURNAL_LIMIT
                 && self.failed.is_none()
-                && let Err(message) = self.settle()
+                && let Err(e) = self.settle()
             {
                 // sled cannot be written: stop, as after a failed commit.
-                self.failed = Some(format!("flushing sled: {message}"));
+                self.failed = Some(format!("flushing sled: {e}"));
             }
             for (cut, done) in pruning {
                 self.prune(cut, done);
@@ -110,12 +110,14 @@ impl Writer {
 
     /// Makes sled durable (its flush, then fdatasync of its log file), and
     /// then empties the journal, whose entries sled now holds.
-    pub(super) fn settle(&mut self) -> Result<(), String> {
-        self.db.flush().map_err(|e| e.to_string())?;
-        self.log_file.sync_data().map_err(|e| e.to_string())?;
+    pub(super) fn settle(&mut self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        self.log_file
+            .sync_data()
+            .map_err(|e| StoreError::io("syncing sled's log file", e))?;
         self.journal
             .clear()
-            .map_err(|e| format!("audit journal: {e}"))
+            .map_err(|e| StoreError::io("emptying the audit journal", e))
     }
 
     pub(super) fn checkpoint_now(&mut self) {
@@ -138,7 +140,7 @@ impl Writer {
         let written = self
             .checkpoints
             .insert(self.seq.to_be_bytes(), value)
-            .map_err(|e| e.to_string())
+            .map_err(StoreError::Sled)
             .and_then(|_| self.settle());
         if written.is_ok() {
             self.signed_through = self.seq;
