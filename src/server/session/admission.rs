@@ -71,8 +71,9 @@ impl Session {
     ) {
         let record = self.audit_record(&request);
         let cancel = CancellationToken::new();
-        self.take(request, record, AnswerTo::Peer, cancel, done, draining)
-            .await
+        // Boxed: admission's future is most of a session's, and an idle
+        // session would otherwise hold its room all the time.
+        Box::pin(self.take(request, record, AnswerTo::Peer, cancel, done, draining)).await
     }
 
     /// A request a running call made (see [`crate::provider::Requests`]).
@@ -91,7 +92,7 @@ impl Session {
         let mut record = self.audit_record(&request);
         record.parent_request_id = Some(parent.to_string());
         let to = AnswerTo::Caller { parent, answer };
-        self.take(request, record, to, cancel, done, draining).await
+        Box::pin(self.take(request, record, to, cancel, done, draining)).await
     }
 
     async fn take(
