@@ -57,6 +57,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod filters;
+mod world;
+
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
@@ -120,38 +123,44 @@ pub struct SandboxArgs {
 
 impl SandboxArgs {
     /// The launcher's arguments, as the daemon writes them.
-    pub fn parse(mut args: impl Iterator<Item = OsString>) -> Result<Self, String> {
+    pub fn parse(mut args: impl Iterator<Item = OsString>) -> Result<Self, SetupError> {
+        let usage = |m: &str| SetupError::Usage(m.to_string());
         let mut parsed = Self::default();
         while let Some(arg) = args.next() {
             match arg.to_str() {
                 Some("--rw") => parsed
                     .rw
-                    .push(args.next().ok_or("--rw needs a DIR")?.into()),
+                    .push(args.next().ok_or_else(|| usage("--rw needs a DIR"))?.into()),
                 Some("--ro") => parsed
                     .ro
-                    .push(args.next().ok_or("--ro needs a DIR")?.into()),
+                    .push(args.next().ok_or_else(|| usage("--ro needs a DIR"))?.into()),
                 Some("--nice") => {
-                    let arg = args.next().ok_or("--nice needs N")?;
+                    let arg = args.next().ok_or_else(|| usage("--nice needs N"))?;
                     let nice = arg.to_str().and_then(|n| n.parse().ok());
-                    parsed.nice = Some(nice.ok_or("--nice needs N, a nice value")?);
+                    parsed.nice = Some(nice.ok_or_else(|| usage("--nice needs N, a nice value"))?);
                 }
                 Some("--deny-network") => parsed.deny_network = true,
                 Some("--tty") => parsed.tty = true,
                 Some("--await-release") => parsed.await_release = true,
                 Some("--stdin-null") => parsed.stdin_null = true,
                 Some("--limit") => {
-                    let arg = args.next().ok_or("--limit needs NAME=N")?;
+                    let arg = args.next().ok_or_else(|| usage("--limit needs NAME=N"))?;
                     parsed.limits.push(Limit::parse(&arg.to_string_lossy())?);
                 }
                 Some("--env") => {
-                    let name = args.next().ok_or("--env needs NAME VALUE")?;
-                    let value = args.next().ok_or("--env needs NAME VALUE")?;
+                    let name = args.next().ok_or_else(|| usage("--env needs NAME VALUE"))?;
+                    let value = args.next().ok_or_else(|| usage("--env needs NAME VALUE"))?;
                     parsed.env.push((name, value));
                 }
                 Some("--cwd") => {
-                    let host_root = args.next().ok_or("--cwd needs ROOT PATH")?.into();
-                    let path = args.next().ok_or("--cwd needs ROOT PATH")?;
-                    let path = path.into_string().map_err(|_| "--cwd: PATH is not UTF-8")?;
+                    let host_root = args
+                        .next()
+                        .ok_or_else(|| usage("--cwd needs ROOT PATH"))?
+                        .into();
+                    let path = args.next().ok_or_else(|| usage("--cwd needs ROOT PATH"))?;
+                    let path = path
+                        .into_string()
+                        .map_err(|_| usage("--cwd: PATH is not UTF-8"))?;
                     parsed.cwd = Some(WorkingDir {
                         host_root,
                         path,
@@ -160,28 +169,39 @@ impl SandboxArgs {
                 }
                 Some("--cwd-follow-symlinks") => match parsed.cwd.as_mut() {
                     Some(cwd) => cwd.follow_symlinks = true,
-                    None => return Err("--cwd-follow-symlinks needs a --cwd before it".into()),
+                    None => return Err(usage("--cwd-follow-symlinks needs a --cwd before it")),
                 },
                 Some("--skip") => {
-                    let arg = args.next().ok_or("--skip needs a MECHANISM")?;
+                    let arg = args
+                        .next()
+                        .ok_or_else(|| usage("--skip needs a MECHANISM"))?;
                     let name = arg.to_string_lossy();
                     let mechanism = Mechanism::ALL
                         .into_iter()
                         .find(|m| m.name() == name)
-                        .ok_or_else(|| format!("--skip {name}: expected landlock or network"))?;
+                        .ok_or_else(|| {
+                            usage(&format!(
+                                "--skip {name}: expected landlock, network or namespaces"
+                            ))
+                        })?;
                     parsed.skip.push(mechanism);
                 }
                 Some("--") => {
                     parsed.command = args.collect();
                     return match parsed.command.is_empty() {
-                        true => Err("no program after --".into()),
+                        true => Err(usage("no program after --")),
                         false => Ok(parsed),
                     };
                 }
-                _ => return Err(format!("unexpected argument {}", arg.to_string_lossy())),
+                _ => {
+                    let arg = arg.to_string_lossy();
+                    return Err(usage(&format!("unexpected argument {arg}")));
+                }
             }
         }
-        Err("usage: portcullis-sandbox [--nice N] [--rw DIR]... [--ro DIR]... [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]".into())
+        Err(usage(
+            "usage: portcullis-sandbox [--nice N] [--rw DIR]... [--ro DIR]... [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]",
+        ))
     }
 }
 
@@ -199,9 +219,13 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("--args-on-stdin") => waiting(&args[1..]),
-        _ => match SandboxArgs::parse(args.into_iter()) {
-            Ok(args) => match Prepared::new(false) {
-                Ok(prepared) => run(args, prepared, false),
+        Some("--inside") => match args.get(1).and_then(|fd| fd.to_str()) {
+            Some(stdin_fd) => inside(stdin_fd, &args[2..]),
+            None => refuse(SetupError::Usage("--inside needs FD".into())),
+        },
+        _ => match SandboxArgs::parse(args.iter().cloned()) {
+            Ok(parsed) => match Prepared::new(false) {
+                Ok(prepared) => run(parsed, &args, prepared, false),
                 Err(e) => refuse(e),
             },
             Err(e) => refuse(e),
@@ -209,29 +233,127 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
     }
 }
 
-/// `--args-on-stdin [--deny-network]`: the steps that do not depend on the
-/// request, then the arguments from stdin.
+/// `--args-on-stdin [--world] [--deny-network] [--rw DIR]… [--ro DIR]…`:
+/// the steps that do not depend on the request, then the arguments from
+/// stdin — how the daemon starts launchers ahead of need (`pool.rs`).
+/// With `--world` those steps include the command's world ([`world`]),
+/// whose roots and network are known ahead (the daemon keeps launchers of
+/// each apart): the launcher inside it reads the arguments. Without, the
+/// launcher applies the network's seccomp filter ahead for
+/// `--deny-network`, and runs the command without namespaces.
 fn waiting(flags: &[OsString]) -> ExitCode {
-    let deny_network = match flags {
-        [] => false,
-        [flag] if flag == "--deny-network" => true,
-        _ => return refuse("usage: portcullis-sandbox --args-on-stdin [--deny-network]"),
+    let layout = match Layout::parse(flags) {
+        Ok(layout) => layout,
+        Err(e) => return refuse(e),
     };
     if let Err(e) = rustix::process::setsid() {
-        return refuse(format!("setsid: {e}"));
+        return refuse(SetupError::os("setsid", e.into()));
     }
-    let prepared = match Prepared::new(deny_network) {
+    if layout.world {
+        return match world::hidden_in_etc() {
+            Ok(hidden) => world::enter(&layout.args(), world::Inner::OnStdin(flags), &hidden),
+            Err(e) => refuse(e),
+        };
+    }
+    let prepared = match Prepared::new(layout.deny_network) {
         Ok(prepared) => prepared,
         Err(e) => return refuse(e),
     };
     match read_args() {
         // The daemon exited (or dropped it) before it was needed.
         Ok(None) => ExitCode::from(EXIT_SANDBOX),
-        Ok(Some(args)) => match SandboxArgs::parse(args.into_iter()) {
-            Ok(args) => run(args, prepared, true),
+        Ok(Some(raw)) => match SandboxArgs::parse(raw.iter().cloned()) {
+            Ok(args) => run(args, &raw, prepared, true),
             Err(e) => refuse(e),
         },
         Err(e) => refuse(e),
+    }
+}
+
+/// What a launcher started ahead of need knows of its command: the flags
+/// after `--args-on-stdin`.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Layout {
+    world: bool,
+    deny_network: bool,
+    rw: Vec<PathBuf>,
+    ro: Vec<PathBuf>,
+}
+
+impl Layout {
+    fn parse(flags: &[OsString]) -> Result<Self, SetupError> {
+        let usage = || {
+            SetupError::Usage(
+                "usage: portcullis-sandbox --args-on-stdin [--world] [--deny-network] \
+                 [--rw DIR]... [--ro DIR]..."
+                    .into(),
+            )
+        };
+        let mut layout = Self::default();
+        let mut flags = flags.iter();
+        while let Some(flag) = flags.next() {
+            match flag.to_str() {
+                Some("--world") => layout.world = true,
+                Some("--deny-network") => layout.deny_network = true,
+                Some("--rw") => layout.rw.push(flags.next().ok_or_else(usage)?.into()),
+                Some("--ro") => layout.ro.push(flags.next().ok_or_else(usage)?.into()),
+                _ => return Err(usage()),
+            }
+        }
+        Ok(layout)
+    }
+
+    /// The world part of a command's arguments.
+    fn args(&self) -> SandboxArgs {
+        SandboxArgs {
+            deny_network: self.deny_network,
+            rw: self.rw.clone(),
+            ro: self.ro.clone(),
+            ..SandboxArgs::default()
+        }
+    }
+
+    /// Whether `args` ask for this world: never run a command in one made
+    /// for another grant.
+    fn fits(&self, args: &SandboxArgs) -> bool {
+        self.deny_network == args.deny_network && self.rw == args.rw && self.ro == args.ro
+    }
+}
+
+/// Why the sandbox could not be set up; the program never ran.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// Arguments the launcher does not understand.
+    #[error("{0}")]
+    Usage(String),
+    #[error("{step}: {source}")]
+    Os {
+        step: &'static str,
+        source: std::io::Error,
+    },
+    #[error("the working directory: {0}")]
+    WorkingDir(String),
+    #[error("Landlock: {0}")]
+    Landlock(#[from] landlock::RulesetError),
+    #[error("Landlock is not enforced on this kernel")]
+    LandlockNotEnforced,
+    #[error("seccomp: {0}")]
+    SeccompFilter(#[from] seccompiler::BackendError),
+    #[error("seccomp: {0}")]
+    Seccomp(#[from] seccompiler::Error),
+    #[error("namespaces: {0}")]
+    Namespaces(String),
+    #[error("a launcher without network was given a command that may use it")]
+    NetworkMismatch,
+    #[error("the gateway did not release the command")]
+    NotReleased,
+    #[error("arguments: {0}")]
+    Arguments(&'static str),
+}
+
+impl SetupError {
+    fn os(step: &'static str, source: std::io::Error) -> Self {
+        Self::Os { step, source }
     }
 }
 
@@ -243,95 +365,69 @@ fn refuse(what: impl std::fmt::Display) -> ExitCode {
 /// What a launcher sets up before it knows its command, because it is the
 /// same for every command: a launcher started ahead of need (`pool.rs`)
 /// does it while it waits, off the request's path. `no_new_privs` and the
-/// seccomp filter every command gets ([`priority_filter`]) are applied
-/// here, and with `deny_network` the network's ([`network_filter`]); the
-/// system paths' Landlock rules are opened, to be added to the command's
-/// ruleset.
+/// seccomp filter every command gets ([`filters::priority`]) are applied
+/// here, and with `deny_network` the network's ([`filters::network`]) —
+/// only for a command that runs without namespaces of its own, since bwrap
+/// needs netlink to bring up a new network namespace.
 struct Prepared {
-    system_rules: Vec<PathBeneath<PathFd>>,
     /// For `--stdin-null`.
     null: std::fs::File,
     network_filtered: bool,
 }
 
 impl Prepared {
-    fn new(deny_network: bool) -> Result<Self, String> {
-        rustix::thread::set_no_new_privs(true).map_err(|e| format!("no_new_privs: {e}"))?;
-        apply_filter(priority_filter())?;
+    fn new(deny_network: bool) -> Result<Self, SetupError> {
+        rustix::thread::set_no_new_privs(true)
+            .map_err(|e| SetupError::os("no_new_privs", e.into()))?;
+        filters::apply(filters::priority())?;
         if deny_network {
-            apply_filter(network_filter())?;
+            filters::apply(filters::network())?;
         }
-        let (read, all) = (AccessFs::from_read(NEWEST), AccessFs::from_all(NEWEST));
-        let system_rules = path_beneath_rules(SYSTEM_READ, read)
-            .chain(path_beneath_rules(SYSTEM_WRITE, all))
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("Landlock: {e}"))?;
-        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+        let null = std::fs::File::open("/dev/null").map_err(|e| SetupError::os("/dev/null", e))?;
         Ok(Self {
-            system_rules,
             null,
             network_filtered: deny_network,
         })
     }
 }
 
-/// Runs the command as `args` say; `in_own_session`: a launcher started
-/// ahead of need made its session before its arguments came.
-fn run(args: SandboxArgs, prepared: Prepared, in_own_session: bool) -> ExitCode {
+/// Runs the command as `args` (parsed from `raw`) say; `in_own_session`: a
+/// launcher started ahead of need made its session before its arguments
+/// came.
+fn run(args: SandboxArgs, raw: &[OsString], prepared: Prepared, in_own_session: bool) -> ExitCode {
     // Before anything else: the sandbox's own set-up is the command's work.
     if let Some(nice) = args.nice
         && let Err(e) = rustix::process::setpriority_process(None, nice)
     {
-        return refuse(format!("CPU priority {nice}: {e}"));
+        return refuse(SetupError::os("CPU priority", e.into()));
     }
     if !in_own_session && let Err(e) = rustix::process::setsid() {
-        return refuse(format!("setsid: {e}"));
+        return refuse(SetupError::os("setsid", e.into()));
     }
     if args.tty
         && let Err(e) = rustix::process::ioctl_tiocsctty(std::io::stdin())
     {
-        return refuse(format!("the terminal: {e}"));
+        return refuse(SetupError::os("the terminal", e.into()));
     }
-    let applies = |m: Mechanism| !args.skip.contains(&m);
-    if let Some(cwd) = &args.cwd
-        && let Err(e) = change_dir(cwd)
-    {
-        return refuse(e);
-    }
-    let fixed = [(Limit::Core, 0), (Limit::Nice, 0)];
-    let limits = args.limits.iter().copied().chain(fixed);
-    for (limit, value) in limits {
-        let rlimit = rustix::process::Rlimit {
-            current: Some(value),
-            maximum: Some(value),
-        };
-        if let Err(e) = rustix::process::setrlimit(limit.resource(), rlimit) {
-            return refuse(format!("{}: {e}", limit.name()));
+    if args.applies(Mechanism::Namespaces) {
+        if prepared.network_filtered {
+            // The daemon's pool never does this: bwrap needs netlink.
+            return refuse(SetupError::Namespaces(
+                "a launcher that filtered the network cannot make namespaces".into(),
+            ));
         }
+        return match world::hidden_in_etc() {
+            Ok(hidden) => world::enter(&args, world::Inner::Given(raw), &hidden),
+            Err(e) => refuse(e),
+        };
     }
-    let deny_network = args.deny_network && applies(Mechanism::Network);
-    if prepared.network_filtered && !deny_network {
-        // The daemon's pool keeps the two kinds apart; never run a command
-        // with less network than its grant gives without saying so.
-        return refuse("a launcher without network was given a command that may use it");
-    }
-    let files = applies(Mechanism::Landlock).then_some(prepared.system_rules);
-    if let Err(e) = landlock(&args, files, deny_network) {
-        return refuse(e);
-    }
-    if deny_network
-        && !prepared.network_filtered
-        && let Err(e) = apply_filter(network_filter())
-    {
-        return refuse(e);
-    }
-    if args.await_release
-        && let Err(e) = await_release(args.stdin_null.then_some(prepared.null))
+    if let Err(e) =
+        confine(&args, prepared.network_filtered).and_then(|()| args.release(prepared.null))
     {
         return refuse(e);
     }
     let Some((program, rest)) = args.command.split_first() else {
-        return refuse("no program");
+        return refuse(SetupError::Usage("no program".into()));
     };
     use std::os::unix::process::CommandExt as _;
     let error = std::process::Command::new(program)
@@ -346,9 +442,127 @@ fn run(args: SandboxArgs, prepared: Prepared, in_own_session: bool) -> ExitCode 
     })
 }
 
+/// `--inside FD (ARGS… | --args-on-stdin LAYOUT…)`: the launcher bwrap
+/// starts as the first process of the command's world (see [`world`]). It
+/// confines itself as a launcher without namespaces would, then runs the
+/// program as its child and tells the launcher outside how it ended. Its
+/// stdin is that report's pipe; FD is the program's stdin. With
+/// `--args-on-stdin` it was started ahead of need and reads its arguments
+/// there, refusing any whose roots or network differ from its world's.
+/// (`--tty` was the outer launcher's to do.)
+fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
+    let status = match world::Status::open(stdin_fd) {
+        Ok(status) => status,
+        Err(e) => return refuse(e),
+    };
+    let args = match rest.split_first() {
+        Some((first, layout)) if first == "--args-on-stdin" => {
+            let layout = match Layout::parse(layout) {
+                Ok(layout) => layout,
+                Err(e) => return refuse(e),
+            };
+            match read_args() {
+                Ok(None) => return ExitCode::from(EXIT_SANDBOX),
+                Ok(Some(raw)) => {
+                    SandboxArgs::parse(raw.into_iter()).and_then(|args| match layout.fits(&args) {
+                        true => Ok(args),
+                        false => Err(SetupError::Namespaces(
+                            "this launcher's world was made for other roots or network".into(),
+                        )),
+                    })
+                }
+                Err(e) => Err(e),
+            }
+        }
+        _ => SandboxArgs::parse(rest.iter().cloned()),
+    };
+    let args = match args {
+        Ok(args) => args,
+        Err(e) => return refuse(e),
+    };
+    let confined = Prepared::new(false).and_then(|prepared| {
+        // Best effort: inside, without capabilities, only the daemon's
+        // renice of the whole group may give the priority back (pool.rs).
+        if let Some(nice) = args.nice {
+            let _ = rustix::process::setpriority_process(None, nice);
+        }
+        confine(&args, prepared.network_filtered)?;
+        args.release(prepared.null)
+    });
+    if let Err(e) = confined {
+        return refuse(e);
+    }
+    let Some((program, rest)) = args.command.split_first() else {
+        return refuse(SetupError::Usage("no program".into()));
+    };
+    let mut command = std::process::Command::new(program);
+    command
+        .args(rest)
+        .env_clear()
+        .envs(args.env.iter().map(|(name, value)| (name, value)));
+    world::Status::run(status, command)
+}
+
+/// What depends on the command, in order: the working directory, the
+/// grant's rlimits (and no core dumps, no raising of CPU priority),
+/// Landlock, the network's seccomp filter unless it was applied ahead
+/// (`network_filtered`), and the filter of calls no command needs
+/// ([`filters::hardening`]).
+fn confine(args: &SandboxArgs, network_filtered: bool) -> Result<(), SetupError> {
+    if let Some(cwd) = &args.cwd {
+        change_dir(cwd)?;
+    }
+    let fixed = [(Limit::Core, 0), (Limit::Nice, 0)];
+    for (limit, value) in args.limits.iter().copied().chain(fixed) {
+        let rlimit = rustix::process::Rlimit {
+            current: Some(value),
+            maximum: Some(value),
+        };
+        rustix::process::setrlimit(limit.resource(), rlimit)
+            .map_err(|e| SetupError::os(limit.name(), e.into()))?;
+    }
+    let deny_network = args.deny_network && args.applies(Mechanism::Network);
+    if network_filtered && !deny_network {
+        // The daemon's pool keeps the two kinds apart; never run a command
+        // with less network than its grant gives without saying so.
+        return Err(SetupError::NetworkMismatch);
+    }
+    let files = match args.applies(Mechanism::Landlock) {
+        true => {
+            let (read, all) = (AccessFs::from_read(NEWEST), AccessFs::from_all(NEWEST));
+            let rules = path_beneath_rules(SYSTEM_READ, read)
+                .chain(path_beneath_rules(SYSTEM_WRITE, all))
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(rules)
+        }
+        false => None,
+    };
+    landlock(args, files, deny_network)?;
+    if deny_network && !network_filtered {
+        filters::apply(filters::network())?;
+    }
+    filters::apply(filters::hardening())?;
+    filters::apply(filters::no_clone3())
+}
+
+impl SandboxArgs {
+    fn applies(&self, mechanism: Mechanism) -> bool {
+        !self.skip.contains(&mechanism)
+    }
+
+    /// With `--await-release`, waits for it (and with `--stdin-null` puts
+    /// `null` on stdin).
+    fn release(&self, null: std::fs::File) -> Result<(), SetupError> {
+        match self.await_release {
+            true => await_release(self.stdin_null.then_some(null)),
+            false => Ok(()),
+        }
+    }
+}
+
 /// Changes into `--cwd`, opened beneath its root the way the daemon opens
 /// a request's paths (so a symlink swapped in cannot lead outside).
-fn change_dir(cwd: &WorkingDir) -> Result<(), String> {
+fn change_dir(cwd: &WorkingDir) -> Result<(), SetupError> {
     // Errors name the path only, as the daemon's do.
     let root = RootSpec {
         id: "",
@@ -357,8 +571,8 @@ fn change_dir(cwd: &WorkingDir) -> Result<(), String> {
         follow_symlinks: cwd.follow_symlinks,
     };
     let dir = Root::open_dir(&root, &cwd.path)
-        .map_err(|e| format!("the working directory: {}", e.message()))?;
-    rustix::process::fchdir(&dir).map_err(|e| format!("the working directory: {e}"))
+        .map_err(|e| SetupError::WorkingDir(e.message().to_string()))?;
+    rustix::process::fchdir(&dir).map_err(|e| SetupError::os("the working directory", e.into()))
 }
 
 /// Most bytes of arguments read from stdin (Linux's own limit for a
@@ -382,13 +596,13 @@ pub fn encode_args(args: &[OsString]) -> Vec<u8> {
 }
 
 /// The arguments in an [`encode_args`] body (without its leading count).
-pub fn decode_args(mut body: &[u8]) -> Result<Vec<OsString>, String> {
+pub fn decode_args(mut body: &[u8]) -> Result<Vec<OsString>, SetupError> {
     use std::os::unix::ffi::OsStringExt as _;
     let mut args = Vec::new();
     while !body.is_empty() {
-        let (len, rest) = split_u32(body).ok_or("arguments: a length is cut off")?;
+        let (len, rest) = split_u32(body).ok_or(SetupError::Arguments("a length is cut off"))?;
         if rest.len() < len {
-            return Err("arguments: an argument is cut off".into());
+            return Err(SetupError::Arguments("an argument is cut off"));
         }
         let (arg, rest) = rest.split_at(len);
         args.push(OsString::from_vec(arg.to_vec()));
@@ -404,37 +618,37 @@ fn split_u32(bytes: &[u8]) -> Option<(usize, &[u8])> {
 
 /// Reads the arguments from stdin, exactly (what follows is the release
 /// byte and the program's input). `None`: stdin ended before they began.
-fn read_args() -> Result<Option<Vec<OsString>>, String> {
+fn read_args() -> Result<Option<Vec<OsString>>, SetupError> {
     let mut head = [0u8; 4];
-    let read = |buf: &mut [u8]| read_exact_stdin(buf).map_err(|e| format!("arguments: {e}"));
+    let read = |buf: &mut [u8]| read_exact_stdin(buf).map_err(|e| SetupError::os("arguments", e));
     match read(&mut head)? {
         0 => return Ok(None),
         4 => {}
-        _ => return Err("arguments: stdin ended inside their length".into()),
+        _ => return Err(SetupError::Arguments("stdin ended inside their length")),
     }
     let len = u32::from_be_bytes(head) as usize;
     if len > MAX_ARGS_ON_STDIN {
-        return Err(format!(
-            "arguments: {len} bytes is more than {MAX_ARGS_ON_STDIN}"
+        return Err(SetupError::Arguments(
+            "more than MAX_ARGS_ON_STDIN (2 MiB) bytes",
         ));
     }
     let mut body = vec![0u8; len];
     if read(&mut body)? != len {
-        return Err("arguments: stdin ended inside them".into());
+        return Err(SetupError::Arguments("stdin ended inside them"));
     }
     decode_args(&body).map(Some)
 }
 
 /// Fills `buf` from fd 0 without reading beyond it (std's `Stdin` would
 /// buffer ahead); returns how much it filled before the end of input.
-fn read_exact_stdin(buf: &mut [u8]) -> Result<usize, String> {
+fn read_exact_stdin(buf: &mut [u8]) -> Result<usize, std::io::Error> {
     let mut filled = 0;
     while filled < buf.len() {
         match rustix::io::read(std::io::stdin(), &mut buf[filled..]) {
             Ok(0) => break,
             Ok(n) => filled += n,
             Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(filled)
@@ -443,15 +657,15 @@ fn read_exact_stdin(buf: &mut [u8]) -> Result<usize, String> {
 /// Waits for the daemon's [`RELEASE`] byte on stdin, reading exactly one
 /// byte (the request's input follows it), then puts `null` (/dev/null), if
 /// given, in its place.
-fn await_release(null: Option<std::fs::File>) -> Result<(), String> {
+fn await_release(null: Option<std::fs::File>) -> Result<(), SetupError> {
     let mut byte = [0u8; 1];
     match read_exact_stdin(&mut byte) {
         Ok(1) if byte == RELEASE => {}
-        Ok(_) => return Err("the gateway did not release the command".into()),
-        Err(e) => return Err(format!("waiting for the release: {e}")),
+        Ok(_) => return Err(SetupError::NotReleased),
+        Err(e) => return Err(SetupError::os("waiting for the release", e)),
     }
     if let Some(null) = null {
-        rustix::stdio::dup2_stdin(&null).map_err(|e| format!("stdin: {e}"))?;
+        rustix::stdio::dup2_stdin(&null).map_err(|e| SetupError::os("stdin", e.into()))?;
     }
     Ok(())
 }
@@ -471,27 +685,25 @@ fn landlock(
     args: &SandboxArgs,
     files: Option<Vec<PathBeneath<PathFd>>>,
     no_network: bool,
-) -> Result<(), String> {
+) -> Result<(), SetupError> {
     if files.is_none() && !no_network {
         return Ok(());
     }
-    let error = |e: landlock::RulesetError| format!("Landlock: {e}");
     let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
     if files.is_some() {
-        ruleset = required_filesystem_rules(ruleset).map_err(error)?;
+        ruleset = required_filesystem_rules(ruleset)?;
     }
     if no_network {
-        ruleset = network_rules(ruleset).map_err(error)?;
+        ruleset = network_rules(ruleset)?;
     }
     // Last, so that a kernel without them weakens nothing required above.
     if files.is_some() {
         ruleset = ruleset
             .set_compatibility(CompatLevel::BestEffort)
             .handle_access(AccessFs::from_all(NEWEST))
-            .and_then(|ruleset| ruleset.scope(Scope::Signal))
-            .map_err(error)?;
+            .and_then(|ruleset| ruleset.scope(Scope::Signal))?;
     }
-    let mut created = ruleset.create().map_err(error)?;
+    let mut created = ruleset.create()?;
     if let Some(system_rules) = files {
         let (read, all) = (AccessFs::from_read(NEWEST), AccessFs::from_all(NEWEST));
         created = created
@@ -501,15 +713,14 @@ fn landlock(
                     .map(Ok::<_, landlock::RulesetError>),
             )
             .and_then(|r| r.add_rules(path_beneath_rules(&args.ro, read)))
-            .and_then(|r| r.add_rules(path_beneath_rules(&args.rw, all)))
-            .map_err(error)?;
+            .and_then(|r| r.add_rules(path_beneath_rules(&args.rw, all)))?;
     }
-    let status = created.restrict_self().map_err(error)?;
+    let status = created.restrict_self()?;
     match status.ruleset {
         // Partially: only the best-effort rights are missing (the required
         // ones would have failed above).
         RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced => Ok(()),
-        RulesetStatus::NotEnforced => Err("Landlock is not enforced on this kernel".into()),
+        RulesetStatus::NotEnforced => Err(SetupError::LandlockNotEnforced),
     }
 }
 
@@ -538,89 +749,6 @@ fn network_rules(ruleset: Ruleset) -> Result<Ruleset, landlock::RulesetError> {
         .scope(Scope::AbstractUnixSocket)
 }
 
-/// Every command's seccomp filter, applied before the command is known
-/// ([`Prepared`]). The calls that change another process's priority,
-/// scheduling policy, I/O priority or rlimits fail with `EACCES` unless
-/// they name the caller itself (pid 0): the kernel lets a process do that
-/// to any process of the same user — the daemon and every other
-/// principal's commands — and Landlock does not scope it. (CPU affinity
-/// stays allowed: `pthread_setaffinity_np` names a program's own threads by
-/// id, and pinning the daemon slows it at worst.)
-fn priority_filter() -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
-    // (which, who) with which = PRIO_PROCESS / IOPRIO_WHO_PROCESS.
-    let not_self_priority = vec![arg_is_not(0, 0)?, arg_is_not(1, 0)?];
-    let not_self_io_priority = vec![arg_is_not(0, 1)?, arg_is_not(1, 0)?];
-    let not_self = vec![arg_is_not(0, 0)?];
-    refusing(vec![
-        (libc::SYS_setpriority, not_self_priority),
-        (libc::SYS_ioprio_set, not_self_io_priority),
-        (libc::SYS_prlimit64, not_self.clone()),
-        (libc::SYS_sched_setscheduler, not_self.clone()),
-        (libc::SYS_sched_setparam, not_self.clone()),
-        (libc::SYS_sched_setattr, not_self),
-    ])
-}
-
-/// The seccomp half of [`network_rules`], a second filter stacked on
-/// [`priority_filter`] for a command whose grant denies the network. Two
-/// filters rather than one, because installing one costs about 1 µs per
-/// instruction (the kernel works out which syscalls it always allows):
-/// the first is installed while every launcher waits, this short one too
-/// in a launcher started for such a command, else after the request has
-/// arrived.
-fn network_filter() -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
-    let not_unix = vec![arg_is_not(0, libc::AF_UNIX as u64)?];
-    refusing(vec![
-        (libc::SYS_socket, not_unix.clone()),
-        (libc::SYS_socketpair, not_unix),
-        (libc::SYS_io_uring_setup, vec![]),
-    ])
-}
-
-/// A rule matching when argument `index` is not `value`.
-fn arg_is_not(
-    index: u8,
-    value: u64,
-) -> Result<seccompiler::SeccompRule, seccompiler::BackendError> {
-    use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
-    let condition = SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, value)?;
-    SeccompRule::new(vec![condition])
-}
-
-/// A filter refusing (`EACCES`) each syscall when one of its rules matches
-/// (always, with none) and allowing everything else. A syscall of another
-/// ABI (i386 through `int 0x80`) kills the process; x32's numbers are
-/// refused like the native ones.
-fn refusing(
-    mut refused: Vec<(i64, Vec<seccompiler::SeccompRule>)>,
-) -> Result<seccompiler::BpfProgram, seccompiler::BackendError> {
-    use seccompiler::{SeccompAction, SeccompFilter};
-    #[cfg(target_arch = "x86_64")]
-    {
-        const X32: i64 = 0x4000_0000;
-        let x32: Vec<_> = refused
-            .iter()
-            .map(|(number, rules)| (X32 | number, rules.clone()))
-            .collect();
-        refused.extend(x32);
-    }
-    let arch = std::env::consts::ARCH.try_into()?;
-    SeccompFilter::new(
-        refused.into_iter().collect(),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EACCES as u32),
-        arch,
-    )?
-    .try_into()
-}
-
-fn apply_filter(
-    program: Result<seccompiler::BpfProgram, seccompiler::BackendError>,
-) -> Result<(), String> {
-    let program = program.map_err(|e| format!("seccomp: {e}"))?;
-    seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}"))
-}
-
 /// The confinement mechanisms a host may lack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mechanism {
@@ -629,15 +757,22 @@ pub enum Mechanism {
     /// Landlock's TCP rules and abstract-socket scope (ABI 6) and seccomp;
     /// needed only by grants with `network = "deny"`.
     Network,
+    /// A world of the command's own: user, mount, PID, IPC and UTS
+    /// namespaces, and a network namespace when the network is denied
+    /// (bubblewrap; see [`world`]).
+    Namespaces,
 }
 
 impl Mechanism {
-    pub const ALL: [Self; 2] = [Self::Landlock, Self::Network];
+    /// In the order the probe tries them: the network's last, since its
+    /// filter stays on the probing process (and bwrap needs netlink).
+    pub const ALL: [Self; 3] = [Self::Landlock, Self::Namespaces, Self::Network];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Landlock => "landlock",
             Self::Network => "network",
+            Self::Namespaces => "namespaces",
         }
     }
 
@@ -645,22 +780,22 @@ impl Mechanism {
     /// process, which exits right after). `PORTCULLIS_SANDBOX_PRETEND_MISSING`
     /// (names, comma-separated) makes the probe report a mechanism missing:
     /// the tests' way to see a host without it.
-    fn probe(self) -> Result<(), String> {
+    fn probe(self) -> Result<(), SetupError> {
         let pretend = std::env::var("PORTCULLIS_SANDBOX_PRETEND_MISSING").unwrap_or_default();
         if pretend.split(',').any(|name| name == self.name()) {
-            return Err("missing (PORTCULLIS_SANDBOX_PRETEND_MISSING)".into());
+            let why = "missing (PORTCULLIS_SANDBOX_PRETEND_MISSING)";
+            return Err(SetupError::Usage(why.into()));
         }
         match self {
             Self::Landlock => {
                 let hard = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
-                required_filesystem_rules(hard)
-                    .and_then(|r| r.create().map(drop))
-                    .map_err(|e| format!("Landlock: {e}"))
+                Ok(required_filesystem_rules(hard).and_then(|r| r.create().map(drop))?)
             }
+            Self::Namespaces => world::probe().map_err(SetupError::Namespaces),
             // Last: the probe exits right after, without sockets.
             Self::Network => landlock(&SandboxArgs::default(), None, true)
-                .and_then(|()| apply_filter(priority_filter()))
-                .and_then(|()| apply_filter(network_filter())),
+                .and_then(|()| filters::apply(filters::priority()))
+                .and_then(|()| filters::apply(filters::network())),
         }
     }
 }
@@ -697,11 +832,11 @@ impl Limit {
     }
 
     /// `memory=1073741824`.
-    fn parse(arg: &str) -> Result<(Self, u64), String> {
+    fn parse(arg: &str) -> Result<(Self, u64), SetupError> {
         let bad = || {
-            format!(
+            SetupError::Usage(format!(
                 "--limit {arg}: expected NAME=N with NAME one of memory, file_size, open_files, core, nice"
-            )
+            ))
         };
         let (name, value) = arg.split_once('=').ok_or_else(bad)?;
         let limit = Self::ALL

@@ -25,7 +25,8 @@ fn the_launcher_runs_the_program_only_once_released() {
     // A waiting launcher, and the arguments the daemon would send it.
     let launcher = |extra: &[&str], script: &str| {
         let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
-            .arg("--args-on-stdin")
+            .args(["--args-on-stdin", "--world", "--deny-network", "--rw"])
+            .arg(&dir)
             .env_clear()
             .current_dir("/")
             .stdin(Stdio::piped())
@@ -126,7 +127,8 @@ fn the_launcher_runs_the_program_only_once_released() {
             .spawn()
             .unwrap();
         let mut args: Vec<&str> = deny.then_some("--deny-network").into_iter().collect();
-        args.extend(["--", "/bin/sh", "-c", "echo ran"]);
+        // A launcher without a world (a host without namespaces).
+        args.extend(["--skip", "namespaces", "--", "/bin/sh", "-c", "echo ran"]);
         let args: Vec<OsString> = args.iter().map(OsString::from).collect();
         let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(&encode_args(&args)).unwrap();

@@ -351,11 +351,18 @@ async fn spawn(
         Io::Piped { .. } => {
             // A launcher that is already waiting (`pool.rs`) reads its
             // arguments from stdin, which then carries the release byte.
-            let net = match terms.network == Network::Deny && !skip_network {
-                true => pool::Net::Filtered,
-                false => pool::Net::Open,
+            let deny_network = terms.network == Network::Deny;
+            let kind = match skip.iter().any(|(m, _)| *m == Mechanism::Namespaces) {
+                false => pool::Kind::World {
+                    rw: roots(terms, Mode::Rw),
+                    ro: roots(terms, Mode::Ro),
+                    deny_network,
+                },
+                true => pool::Kind::Plain {
+                    filtered: deny_network && !skip_network,
+                },
             };
-            let mut child = launchers.take(net).await?;
+            let mut child = launchers.take(kind).await?;
             if let Some(stdin) = child.stdin.as_mut() {
                 // A launcher that refused has exited; its status says why.
                 let _ = stdin.write_all(&sandbox::encode_args(&launcher_args)).await;
@@ -672,7 +679,7 @@ pub fn host_sandbox() -> Result<&'static [MechanismSupport], ErrorBody> {
 /// error when the grant requires them, the launcher's `--skip` list when
 /// it allows best effort.
 fn missing_mechanisms(terms: &ShellTerms) -> Result<Vec<(Mechanism, String)>, ErrorBody> {
-    let needed = |m: Mechanism| m == Mechanism::Landlock || terms.network == Network::Deny;
+    let needed = |m: Mechanism| m != Mechanism::Network || terms.network == Network::Deny;
     let missing: Vec<(Mechanism, String)> = host_sandbox()?
         .iter()
         .filter(|(m, _)| needed(*m))
@@ -711,9 +718,11 @@ fn launcher_args(
     for (mechanism, _) in skip {
         args.extend(["--skip".into(), mechanism.name().into()]);
     }
-    for (path, mode) in &terms.host_roots {
-        let flag = if *mode == Mode::Rw { "--rw" } else { "--ro" };
-        args.extend([flag.into(), path.into()]);
+    for dir in roots(terms, Mode::Rw) {
+        args.extend(["--rw".into(), dir.into()]);
+    }
+    for dir in roots(terms, Mode::Ro) {
+        args.extend(["--ro".into(), dir.into()]);
     }
     if terms.network == Network::Deny {
         args.push("--deny-network".into());
@@ -752,6 +761,16 @@ fn launcher_args(
     args.extend(["--".into(), program.into()]);
     args.extend(command_args.iter().map(OsString::from));
     args
+}
+
+/// The grant's roots of one mode, in the policy's order.
+fn roots(terms: &ShellTerms, mode: Mode) -> Vec<PathBuf> {
+    terms
+        .host_roots
+        .iter()
+        .filter(|(_, m)| *m == mode)
+        .map(|(path, _)| path.clone())
+        .collect()
 }
 
 /// The program to run: as policy resolved it (and checked it against the

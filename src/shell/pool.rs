@@ -5,14 +5,18 @@
 //! and another is started in the background to take its place.
 //!
 //! An idle launcher holds nothing of any request: an empty environment, `/`
-//! as its working directory, no rights beyond the daemon's. What is the
-//! same for every command (`no_new_privs`, the seccomp filter on priority
-//! calls) it applies while it waits; what depends on the grant (roots,
-//! rlimits, Landlock) after its arguments arrive. The network's seccomp
-//! filter is the one part of a grant's sandbox it may apply ahead: the pool
-//! keeps launchers of each [`Net`] apart, so a command that may use the
-//! network never gets one without it. When the daemon exits, the idle
-//! launchers' stdin closes and they exit without running anything.
+//! as its working directory, no rights beyond the daemon's. It builds the
+//! command's world while it waits (its namespaces and mounts, see the
+//! sandbox crate's `world.rs`, the slowest part of a start: about 8 ms),
+//! so the world's shape — the grant's roots and whether it has the
+//! network — is part of what the pool keys launchers by ([`Kind`]); what
+//! else depends on the request (environment, working directory, rlimits,
+//! Landlock) comes with the arguments. On a host without namespaces (a
+//! best-effort grant) the launcher waits without a world, and may apply
+//! the network's seccomp filter ahead ([`Kind::Plain`]). A command is
+//! never given a launcher of another kind: the launcher checks too. When
+//! the daemon exits, the idle launchers' stdin closes and they exit
+//! without running anything.
 //!
 //! Launchers are started by a thread of their own at the lowest CPU
 //! priority (a child starts with its parent thread's nice value), so that
@@ -27,6 +31,9 @@
 //! `RLIMIT_NICE` ≥ 20 (the unit's `LimitNICE=+0`) or `CAP_SYS_NICE`; where
 //! a probe finds neither, launchers start at the daemon's priority.
 
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -37,25 +44,77 @@ use tokio::runtime::Handle;
 use super::{launcher_path, provider_error};
 use portcullis_wire::frame::ErrorBody;
 
-/// Idle launchers kept: enough for commands run one after another, or two
-/// at a time, to find one waiting.
+/// Idle launchers kept of each kind: enough for commands run one after
+/// another, or two at a time, to find one waiting.
 const IDLE: usize = 2;
+/// Kinds kept idle launchers of; the one used longest ago gives way.
+const KINDS: usize = 8;
 
-/// Whether a launcher has applied the network's seccomp filter while it
-/// waited (`--args-on-stdin --deny-network`): only for a grant that denies
-/// the network on a host that has the mechanism.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Net {
-    Open,
-    Filtered,
+/// What a launcher prepares while it waits, and so which commands it may
+/// take.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub(super) enum Kind {
+    /// The command's world (`--world`): its roots, read-write and
+    /// read-only, and whether the network is denied (its own empty
+    /// network namespace).
+    World {
+        rw: Vec<PathBuf>,
+        ro: Vec<PathBuf>,
+        deny_network: bool,
+    },
+    /// No world (a host without namespaces); `filtered`: the network's
+    /// seccomp filter applied ahead (`--deny-network`).
+    Plain { filtered: bool },
+}
+
+impl Kind {
+    /// The flags after `--args-on-stdin`.
+    fn flags(&self) -> Vec<OsString> {
+        let mut flags: Vec<OsString> = Vec::new();
+        match self {
+            Self::World {
+                rw,
+                ro,
+                deny_network,
+            } => {
+                flags.push("--world".into());
+                if *deny_network {
+                    flags.push("--deny-network".into());
+                }
+                for dir in rw {
+                    flags.extend(["--rw".into(), dir.into()]);
+                }
+                for dir in ro {
+                    flags.extend(["--ro".into(), dir.into()]);
+                }
+            }
+            Self::Plain { filtered: true } => flags.push("--deny-network".into()),
+            Self::Plain { filtered: false } => {}
+        }
+        flags
+    }
 }
 
 #[derive(Default)]
 struct Pool {
-    /// Indexed by [`Net`]: each kind is topped up once it has been used.
-    idle: [Vec<Child>; 2],
+    /// Each kind is topped up once it has been used.
+    idle: HashMap<Kind, Vec<Child>>,
     /// Being started in the background.
-    starting: [usize; 2],
+    starting: HashMap<Kind, usize>,
+    /// Kinds by when a launcher was last taken, most recent last.
+    recent: Vec<Kind>,
+}
+
+impl Pool {
+    /// Notes `kind` as just used; a kind pushed out drops its launchers.
+    fn used(&mut self, kind: &Kind) {
+        self.recent.retain(|k| k != kind);
+        self.recent.push(kind.clone());
+        if self.recent.len() > KINDS {
+            let old = self.recent.remove(0);
+            self.idle.remove(&old);
+        }
+    }
 }
 
 fn with_pool<T>(pool: &Mutex<Pool>, f: impl FnOnce(&mut Pool) -> T) -> T {
@@ -75,41 +134,48 @@ impl Launchers {
     /// is one, else one started now — on a blocking thread, since a spawn
     /// waits for the child's exec and would stall every session on this
     /// runtime worker meanwhile. Either way the idle ones are topped up.
-    pub(super) async fn take(&self, net: Net) -> Result<Child, ErrorBody> {
+    pub(super) async fn take(&self, kind: Kind) -> Result<Child, ErrorBody> {
         let idle = with_pool(&self.pool, |pool| {
+            pool.used(&kind);
+            let idle = pool.idle.entry(kind.clone()).or_default();
             // One that exited while idle (killed from outside) is dropped.
-            std::iter::from_fn(|| pool.idle[net as usize].pop())
+            std::iter::from_fn(|| idle.pop())
                 .find_map(|mut child| matches!(child.try_wait(), Ok(None)).then_some(child))
         });
-        self.refill(net);
+        self.refill(kind.clone());
         match idle {
             Some(child) => {
                 let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
                 if let (Some(nice), Some(pid)) = (self.restored_nice(), pid) {
-                    // Best effort: the launcher takes it back itself too.
-                    let _ = rustix::process::setpriority_process(Some(pid), nice);
+                    // Its whole group, the world's processes too (the
+                    // launcher is the group's leader). Best effort: the
+                    // launcher takes it back itself too, where it may.
+                    let _ = rustix::process::setpriority_pgrp(Some(pid), nice);
                 }
                 Ok(child)
             }
-            None => tokio::task::spawn_blocking(move || start(net))
+            None => tokio::task::spawn_blocking(move || start(&kind))
                 .await
                 .unwrap_or_else(|e| Err(provider_error(format!("cannot start the command: {e}")))),
         }
     }
 
-    /// Has the starter thread start launchers of `net` until `IDLE` are
+    /// Has the starter thread start launchers of `kind` until `IDLE` are
     /// idle or starting.
-    fn refill(&self, net: Net) {
-        let i = net as usize;
+    fn refill(&self, kind: Kind) {
         let wanted = with_pool(&self.pool, |pool| {
-            let wanted = IDLE.saturating_sub(pool.idle[i].len() + pool.starting[i]);
-            pool.starting[i] += wanted;
+            let idle = pool.idle.get(&kind).map_or(0, Vec::len);
+            let starting = pool.starting.entry(kind.clone()).or_default();
+            let wanted = IDLE.saturating_sub(idle + *starting);
+            *starting += wanted;
             wanted
         });
         if wanted > 0 {
-            let request = (wanted, net, Handle::current());
+            let request = (wanted, kind.clone(), Handle::current());
             if self.starter().requests.send(request).is_err() {
-                with_pool(&self.pool, |pool| pool.starting[i] -= wanted);
+                with_pool(&self.pool, |pool| {
+                    pool.starting.entry(kind).and_modify(|n| *n -= wanted);
+                });
             }
         }
     }
@@ -125,12 +191,9 @@ impl Launchers {
     }
 }
 
-fn start(net: Net) -> Result<Child, ErrorBody> {
+fn start(kind: &Kind) -> Result<Child, ErrorBody> {
     let mut command = Command::new(launcher_path()?);
-    command.arg("--args-on-stdin");
-    if net == Net::Filtered {
-        command.arg("--deny-network");
-    }
+    command.arg("--args-on-stdin").args(kind.flags());
     command
         .env_clear()
         .current_dir("/")
@@ -145,7 +208,7 @@ fn start(net: Net) -> Result<Child, ErrorBody> {
 struct Starter {
     /// How many launchers of which kind to start, and the runtime their
     /// `Child` lives in. Dropping it ends the thread.
-    requests: mpsc::Sender<(usize, Net, Handle)>,
+    requests: mpsc::Sender<(usize, Kind, Handle)>,
     restored_nice: Option<i32>,
 }
 
@@ -167,7 +230,7 @@ impl Starter {
                 None
             }
         };
-        let (requests, received) = mpsc::channel::<(usize, Net, Handle)>();
+        let (requests, received) = mpsc::channel::<(usize, Kind, Handle)>();
         let lowered = restored_nice.is_some();
         let thread = std::thread::Builder::new()
             .name("launcher-starter".into())
@@ -175,10 +238,11 @@ impl Starter {
                 // Linux keeps a nice value per thread: this changes only
                 // this thread, and the launchers it starts.
                 let mut current = daemon_nice;
-                for (wanted, net, runtime) in received {
-                    let (_entered, i) = (runtime.enter(), net as usize);
+                for (wanted, kind, runtime) in received {
+                    let _entered = runtime.enter();
                     for _ in 0..wanted {
-                        let dry = with_pool(&pool, |pool| pool.idle[i].is_empty());
+                        let dry =
+                            with_pool(&pool, |pool| pool.idle.get(&kind).is_none_or(Vec::is_empty));
                         let nice = if lowered && !dry {
                             LOWEST_NICE
                         } else {
@@ -189,10 +253,16 @@ impl Starter {
                         {
                             current = nice;
                         }
-                        let started = start(net);
+                        let started = start(&kind);
                         with_pool(&pool, |pool| {
-                            pool.starting[i] -= 1;
-                            pool.idle[i].extend(started.ok());
+                            pool.starting.entry(kind.clone()).and_modify(|n| *n -= 1);
+                            // A kind pushed out meanwhile keeps none.
+                            if pool.recent.contains(&kind) {
+                                pool.idle
+                                    .entry(kind.clone())
+                                    .or_default()
+                                    .extend(started.ok());
+                            }
                         });
                     }
                 }

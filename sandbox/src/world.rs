@@ -1,0 +1,457 @@
+//! A command's own world: user, mount, PID, IPC, UTS and (for a grant that
+//! denies the network) network namespaces, made by driving bubblewrap
+//! (`/usr/bin/bwrap`, Debian's `bubblewrap`). bwrap is what Flatpak and
+//! Codex build on: small, unprivileged (no setuid here), and it gets the
+//! fiddly parts right — uid maps, mount propagation, a `/proc` of the new
+//! PID namespace with its dangerous files covered, a minimal `/dev`,
+//! capabilities dropped even for root. Doing those by hand is where
+//! sandboxes go wrong.
+//!
+//! What the command sees: the system's program directories (`/usr`,
+//! `/opt`, and `/bin`, `/sbin`, `/lib*` as they are on the host) read-only;
+//! `/etc` read-only with every entry that is not readable by all users
+//! covered (`shadow`, `gshadow`, SSH host keys, private keys, a policy file
+//! of mode 0640…) and `/etc/portcullis` empty; its granted roots at their
+//! host paths, read-only or read-write as granted; a private `/tmp`; a
+//! fresh `/proc` showing only its own processes; a minimal `/dev`. Nothing
+//! else: no `/run` (no admin socket, no credentials), no `/var`, no `/sys`,
+//! no home directories. Its hostname is `portcullis`; SysV IPC and
+//! abstract Unix sockets (with its own network namespace) are its own.
+//!
+//! The process tree, and why the launcher stays:
+//!
+//! ```text
+//! daemon ─ launcher (session leader; waits) ─ bwrap (monitor)
+//!                                                └ bwrap init (pid 1) ─ launcher --inside (pid 2) ─ program
+//! ```
+//!
+//! The daemon signals the launcher's process group (`shell.signal`, a
+//! terminal's ^C). The launcher, bwrap and the inner launcher block those
+//! signals (the mask survives exec) — the inner launcher then catches them
+//! with handlers that do nothing, which exec resets, so that it can give
+//! the program an empty mask — and only the program acts on them, as it
+//! did when it was the launcher's own exec. bwrap reports a signal death as exit code 128+n;
+//! the inner launcher, the program's parent, knows the truth and writes it
+//! to a pipe (see [`Status`]), and the launcher ends the same way, so the
+//! daemon sees what it saw before. When the program ends, bwrap's monitor
+//! exits, its init dies with it (`--die-with-parent`), and the kernel kills
+//! everything left in the PID namespace: `setsid` and double-forks
+//! included. A SIGKILL to the group does the same at once.
+
+use std::ffi::{OsStr, OsString};
+use std::io::{Read as _, Write as _};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+
+use crate::{EXIT_SANDBOX, SandboxArgs, SetupError, refuse};
+
+/// Where bubblewrap is: Debian's package, never looked up on `PATH`.
+pub const BWRAP: &str = "/usr/bin/bwrap";
+
+/// System directories a program reads and executes from.
+const SYSTEM_DIRS: &[&str] = &["/usr", "/opt"];
+/// On a merged-`/usr` host these are symlinks into `/usr`, elsewhere
+/// directories: recreated as they are.
+const SYSTEM_LINKS: &[&str] = &["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+/// Always empty inside, readable or not: the daemon's own configuration.
+const ALWAYS_HIDDEN: &[&str] = &["/etc/portcullis"];
+/// How deep below `/etc` unreadable entries are looked for.
+const ETC_DEPTH: usize = 6;
+/// Most `/etc` entries covered; a host with more is refused rather than
+/// half-covered.
+const MAX_HIDDEN: usize = 512;
+
+/// The signals the daemon and a terminal send a command. Blocked in every
+/// process between the daemon and the program (see the module's docs).
+const RELAYED: [Signal; 12] = [
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTERM,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGWINCH,
+    Signal::SIGTSTP,
+    Signal::SIGTTIN,
+    Signal::SIGTTOU,
+    Signal::SIGPIPE,
+    Signal::SIGALRM,
+];
+
+fn relayed() -> SigSet {
+    let mut set = SigSet::empty();
+    for signal in RELAYED {
+        set.add(signal);
+    }
+    set
+}
+
+/// The entries of `/etc` a command must not see: not readable by all
+/// users (and `/etc/portcullis`). Computed by each launcher, so a secret
+/// file added after the daemon started is covered too.
+pub(crate) fn hidden_in_etc() -> Result<Vec<PathBuf>, SetupError> {
+    let mut hidden: Vec<PathBuf> = ALWAYS_HIDDEN
+        .iter()
+        .map(PathBuf::from)
+        .filter(|path| path.symlink_metadata().is_ok())
+        .collect();
+    let mut pending = vec![(PathBuf::from("/etc"), 0)];
+    while let Some((dir, depth)) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if hidden.iter().any(|h| path.starts_with(h)) {
+                continue;
+            }
+            // Not followed: a symlink leads to what its target's own
+            // mode says, and a target in /etc is looked at in its place.
+            let Ok(meta) = entry.metadata() else { continue };
+            let mode = meta.permissions().mode();
+            let readable = match meta.is_dir() {
+                true => mode & 0o005 == 0o005,
+                false => meta.file_type().is_symlink() || mode & 0o004 != 0,
+            };
+            if !readable {
+                hidden.push(path);
+            } else if meta.is_dir() && depth < ETC_DEPTH {
+                pending.push((path, depth + 1));
+            }
+        }
+        if hidden.len() > MAX_HIDDEN {
+            return Err(SetupError::Namespaces(format!(
+                "more than {MAX_HIDDEN} entries of /etc are not readable by all users"
+            )));
+        }
+    }
+    Ok(hidden)
+}
+
+/// bwrap's arguments for `args`' world, up to its `--`.
+fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<OsString> {
+    let mut out: Vec<OsString> = Vec::new();
+    let mut push = |items: &[&OsStr]| out.extend(items.iter().map(|i| i.to_os_string()));
+    let flag = |s: &'static str| OsStr::new(s);
+    push(&[
+        flag("--unshare-user"),
+        flag("--unshare-ipc"),
+        flag("--unshare-pid"),
+        flag("--unshare-uts"),
+        flag("--unshare-cgroup-try"),
+        flag("--disable-userns"),
+        flag("--die-with-parent"),
+        flag("--cap-drop"),
+        flag("ALL"),
+        flag("--hostname"),
+        flag("portcullis"),
+    ]);
+    if args.deny_network {
+        push(&[flag("--unshare-net")]);
+    }
+    for dir in SYSTEM_DIRS {
+        push(&[flag("--ro-bind-try"), flag(dir), flag(dir)]);
+    }
+    for link in SYSTEM_LINKS {
+        match std::fs::read_link(link) {
+            Ok(target) => push(&[flag("--symlink"), target.as_os_str(), flag(link)]),
+            Err(_) => push(&[flag("--ro-bind-try"), flag(link), flag(link)]),
+        }
+    }
+    push(&[flag("--ro-bind"), flag("/etc"), flag("/etc")]);
+    for path in hidden {
+        match path.is_dir() {
+            true => push(&[flag("--tmpfs"), path.as_os_str()]),
+            // /dev/null on a mount the namespace made is `nodev`: opening
+            // the covered file fails with EACCES.
+            false => push(&[flag("--ro-bind"), flag("/dev/null"), path.as_os_str()]),
+        }
+    }
+    push(&[
+        flag("--proc"),
+        flag("/proc"),
+        flag("--dev"),
+        flag("/dev"),
+        flag("--tmpfs"),
+        flag("/tmp"),
+    ]);
+    // After /tmp: a root may be below it.
+    // A root whose directory is missing is left out, as Landlock leaves
+    // it out: the command finds nothing there.
+    for root in &args.ro {
+        push(&[flag("--ro-bind-try"), root.as_os_str(), root.as_os_str()]);
+    }
+    for root in &args.rw {
+        push(&[flag("--bind-try"), root.as_os_str(), root.as_os_str()]);
+    }
+    if !SYSTEM_DIRS.iter().any(|dir| launcher.starts_with(dir)) {
+        push(&[
+            flag("--ro-bind"),
+            launcher.as_os_str(),
+            launcher.as_os_str(),
+        ]);
+    }
+    push(&[flag("--chdir"), flag("/")]);
+    out
+}
+
+/// What the launcher inside the world is told.
+pub(crate) enum Inner<'a> {
+    /// The command's arguments, as this launcher was given them.
+    Given(&'a [OsString]),
+    /// To read them from stdin (`--args-on-stdin` and these flags).
+    OnStdin(&'a [OsString]),
+}
+
+/// Runs the command in the world `args` describe (roots, network), with
+/// the launcher inside told `inner`. Returns how the program ended, the
+/// way the daemon expects to see it.
+pub(crate) fn enter(args: &SandboxArgs, inner: Inner<'_>, hidden: &[PathBuf]) -> ExitCode {
+    if let Err(e) = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&relayed()), None) {
+        return refuse(SetupError::os("blocking signals", e.into()));
+    }
+    // The launcher inside takes the daemon's CPU priority back itself (one
+    // started ahead of need waits at the lowest), without capabilities:
+    // that needs RLIMIT_NICE (the unit's LimitNICE=+0 gives it). Where
+    // this launcher may raise it (root), it does; the one inside sets it
+    // to 0 before the program runs.
+    let nice = rustix::process::Rlimit {
+        current: Some(20),
+        maximum: Some(20),
+    };
+    let _ = rustix::process::setrlimit(rustix::process::Resource::Nice, nice);
+    let launcher = match std::env::current_exe() {
+        Ok(path) => path,
+        Err(e) => return refuse(SetupError::os("the launcher's own path", e)),
+    };
+    let (status_read, status_write) = match std::io::pipe() {
+        Ok(pipe) => pipe,
+        Err(e) => return refuse(SetupError::os("a pipe", e)),
+    };
+    // The program's stdin goes in as a descriptor without close-on-exec;
+    // bwrap's own stdin is the status pipe (see `Status`).
+    let stdin = match rustix::io::dup(std::io::stdin()) {
+        Ok(fd) => fd,
+        Err(e) => return refuse(SetupError::os("stdin", e.into())),
+    };
+    let mut command = Command::new(BWRAP);
+    command
+        .args(bwrap_args(args, hidden, &launcher))
+        .arg("--")
+        .arg(&launcher)
+        .arg("--inside")
+        .arg(stdin.as_raw_fd().to_string());
+    match inner {
+        // This launcher's environment (a terminal's, which the daemon
+        // starts with it) goes in as `--env` flags: the one inside clears
+        // what bwrap hands it (bwrap adds `PWD`).
+        Inner::Given(raw) => {
+            for (name, value) in std::env::vars_os() {
+                command.arg("--env").arg(name).arg(value);
+            }
+            command.args(raw)
+        }
+        Inner::OnStdin(flags) => command.arg("--args-on-stdin").args(flags),
+    };
+    command.stdin(Stdio::from(status_write));
+    let child = command.spawn();
+    drop(command);
+    drop(stdin);
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => return refuse(SetupError::Namespaces(format!("{BWRAP}: {e}"))),
+    };
+    let waited = child.wait();
+    let reported = Status::read(status_read);
+    match (reported, waited) {
+        (Some(status), _) => status.reproduce(),
+        // The inner launcher refused, and said why.
+        (None, Ok(exit)) if exit.code() == Some(EXIT_SANDBOX.into()) => {
+            ExitCode::from(EXIT_SANDBOX)
+        }
+        (None, Ok(exit)) => refuse(SetupError::Namespaces(format!(
+            "bwrap could not set up the command's namespaces ({exit})"
+        ))),
+        (None, Err(e)) => refuse(SetupError::os("waiting for bwrap", e)),
+    }
+}
+
+/// How the program ended, from the inner launcher (its parent) to the
+/// outer one: `exit N` or `signal N`. The inner launcher's stdin is the
+/// pipe's write end when bwrap starts it; it reopens that end (close on
+/// exec) and puts the program's stdin in its place, so the program never
+/// holds the pipe.
+pub(crate) enum Status {
+    Exited(u8),
+    Signaled(i32),
+}
+
+impl Status {
+    fn read(pipe: std::io::PipeReader) -> Option<Self> {
+        let mut text = String::new();
+        pipe.take(64).read_to_string(&mut text).ok()?;
+        let (kind, n) = text.trim().split_once(' ')?;
+        match kind {
+            "exit" => n.parse().ok().map(Self::Exited),
+            "signal" => n.parse().ok().map(Self::Signaled),
+            _ => None,
+        }
+    }
+
+    /// The inner launcher's side: opens the status pipe (its stdin when
+    /// bwrap started it) and puts `stdin_fd`, the program's stdin, on fd 0.
+    pub(crate) fn open(stdin_fd: &str) -> Result<std::fs::File, SetupError> {
+        let status = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/proc/self/fd/0")
+            .map_err(|e| SetupError::os("the status pipe", e))?;
+        let fd: u32 = stdin_fd
+            .parse()
+            .map_err(|_| SetupError::Usage(format!("--inside {stdin_fd}: not a descriptor")))?;
+        let stdin = std::fs::File::open(format!("/proc/self/fd/{fd}"))
+            .map_err(|e| SetupError::os("the program's stdin", e))?;
+        rustix::stdio::dup2_stdin(&stdin).map_err(|e| SetupError::os("stdin", e.into()))?;
+        Ok(status)
+    }
+
+    /// The inner launcher's side: runs the program as its child and
+    /// reports how it ended. The relayed signals stay blocked here until
+    /// handlers that do nothing are in place: the program's mask is this
+    /// process's (std does not clear it) and must be empty, while this
+    /// process must outlive the signals meant for the program. Handlers
+    /// do not survive exec; the program starts with the defaults.
+    pub(crate) fn run(mut status: std::fs::File, mut program: Command) -> ExitCode {
+        let ignored = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for signal in RELAYED {
+            if let Err(e) = signal_hook::flag::register(signal as i32, ignored.clone()) {
+                return refuse(SetupError::os("a signal handler", e));
+            }
+        }
+        if let Err(e) = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&relayed()), None) {
+            return refuse(SetupError::os("unblocking signals", e.into()));
+        }
+        let waited = program.spawn().and_then(|mut child| {
+            drop(program);
+            child.wait()
+        });
+        let line = match waited {
+            Ok(exit) => match (exit.code(), exit.signal()) {
+                (Some(code), _) => format!("exit {code}\n"),
+                (None, Some(signal)) => format!("signal {signal}\n"),
+                (None, None) => "exit 255\n".to_string(),
+            },
+            Err(e) => {
+                eprintln!("portcullis sandbox: {e}");
+                let code = if e.kind() == std::io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                };
+                format!("exit {code}\n")
+            }
+        };
+        let _ = status.write_all(line.as_bytes());
+        ExitCode::SUCCESS
+    }
+
+    /// Ends this process the way the program ended.
+    fn reproduce(self) -> ExitCode {
+        match self {
+            Self::Exited(code) => ExitCode::from(code),
+            Self::Signaled(number) => {
+                let Ok(signal) = Signal::try_from(number) else {
+                    return ExitCode::from(255);
+                };
+                // Never a core dump of the launcher, outside the sandbox.
+                let none = rustix::process::Rlimit {
+                    current: Some(0),
+                    maximum: Some(0),
+                };
+                let _ = rustix::process::setrlimit(rustix::process::Resource::Core, none);
+                // It may be blocked: raised, then let through. Raised
+                // again for SIGSEGV and SIGBUS, whose first the Rust
+                // runtime's stack-overflow handler takes (and then restores
+                // the default).
+                let _ = nix::sys::signal::raise(signal);
+                let mut just = SigSet::empty();
+                just.add(signal);
+                let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&just), None);
+                let _ = nix::sys::signal::raise(signal);
+                // A signal whose default is to be ignored cannot have
+                // ended the program; should one come here, say so.
+                ExitCode::from(128 + number as u8)
+            }
+        }
+    }
+}
+
+/// Whether bwrap can make a world on this host (tried once, by the probe).
+pub(crate) fn probe() -> Result<(), String> {
+    if !Path::new(BWRAP).is_file() {
+        return Err(format!(
+            "{BWRAP} is missing (install Debian's `bubblewrap` package)"
+        ));
+    }
+    let args = SandboxArgs {
+        deny_network: true,
+        ..SandboxArgs::default()
+    };
+    let out = Command::new(BWRAP)
+        .args(bwrap_args(&args, &[], Path::new("/usr/bin/true")))
+        .args(["--", "/usr/bin/true"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{BWRAP}: {e}"))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let said = said.lines().next().unwrap_or("no message").trim();
+            Err(format!("bwrap cannot make namespaces here: {said}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_daemon_s_configuration_and_unreadable_etc_entries_are_hidden() {
+        let hidden = hidden_in_etc().unwrap();
+        if Path::new("/etc/portcullis").exists() {
+            assert!(hidden.contains(&PathBuf::from("/etc/portcullis")));
+        }
+        // Debian's /etc/shadow is 0640 root:shadow.
+        if Path::new("/etc/shadow").exists() {
+            assert!(hidden.contains(&PathBuf::from("/etc/shadow")), "{hidden:?}");
+        }
+        assert!(!hidden.contains(&PathBuf::from("/etc/passwd")));
+    }
+
+    #[test]
+    fn roots_come_after_the_private_tmp() {
+        let args = SandboxArgs {
+            rw: vec![PathBuf::from("/tmp/work")],
+            ..SandboxArgs::default()
+        };
+        let argv = bwrap_args(
+            &args,
+            &[],
+            Path::new("/usr/lib/portcullis/portcullis-sandbox"),
+        );
+        let at = |s: &str| argv.iter().position(|a| a == s).unwrap();
+        assert!(at("/tmp") < at("/tmp/work"));
+        assert!(!argv.iter().any(|a| a == "--unshare-net"));
+        assert!(
+            !argv
+                .iter()
+                .any(|a| a == "/usr/lib/portcullis/portcullis-sandbox")
+        );
+    }
+}
