@@ -15,7 +15,7 @@
 //! host paths, read-only or read-write as granted; a private `/tmp`; a
 //! fresh `/proc` showing only its own processes; a minimal `/dev`. Nothing
 //! else: no `/run` (no admin socket, no credentials), no `/var`, no `/sys`,
-//! no home directories. Its hostname is `portcullis`; SysV IPC and
+//! no home directories. Its hostname (a UTS namespace), SysV IPC and
 //! abstract Unix sockets (with its own network namespace) are its own.
 //!
 //! The process tree, and why the launcher stays:
@@ -148,8 +148,6 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("--die-with-parent"),
         flag("--cap-drop"),
         flag("ALL"),
-        flag("--hostname"),
-        flag("portcullis"),
     ]);
     if args.deny_network {
         push(&[flag("--unshare-net")]);

@@ -1,6 +1,7 @@
 //! The admin socket: HTTP/1.1 with JSON over a Unix socket, for operators
 //! and their scripts (`curl --unix-socket`). Mode 0660; a connecting peer
-//! must be root, or share the socket's owner uid or group gid.
+//! must be root, or share the socket's owner uid or group gid, and must
+//! not be in a sandboxed command's namespaces (see `foreign_namespace`).
 //!
 //! | method | path | does |
 //! |---|---|---|
@@ -77,6 +78,14 @@ pub async fn serve(gateway: Arc<Gateway>, listener: UnixListener) {
             warn!(peer = ?stream.peer_cred().ok(), "admin socket: peer refused");
             continue;
         }
+        let pid = stream.peer_cred().ok().and_then(|peer| peer.pid());
+        if let Some(namespace) = pid.and_then(foreign_namespace) {
+            warn!(
+                ?pid,
+                namespace, "admin socket: refused a peer in a sandbox's namespace"
+            );
+            continue;
+        }
         let gateway = gateway.clone();
         let peer_uid = stream.peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
         tokio::spawn(async move {
@@ -90,6 +99,19 @@ pub async fn serve(gateway: Arc<Gateway>, listener: UnixListener) {
         });
     }
     let _ = std::fs::remove_file(&path);
+}
+
+/// Which namespace of the peer `pid` is not the daemon's, if any: a
+/// command runs in user, PID and mount namespaces of its own (and cannot
+/// see this socket there). A second layer: a peer whose namespaces cannot
+/// be read is another, more privileged user (a command runs as the
+/// daemon's own uid, whose entries the daemon can always read), and is
+/// judged by the owner check alone.
+fn foreign_namespace(pid: i32) -> Option<&'static str> {
+    ["user", "pid", "mnt"].into_iter().find(|namespace| {
+        let of = |who: &str| std::fs::read_link(format!("/proc/{who}/ns/{namespace}")).ok();
+        matches!((of("self"), of(&pid.to_string())), (Some(own), Some(peer)) if own != peer)
+    })
 }
 
 async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> Response<Body> {

@@ -1,0 +1,326 @@
+//! A command shares nothing with the daemon: tried as an agent would,
+//! with a grant of `sh`, `python3` and `cat`, `network = "deny"` and one
+//! rw root, against the real binary. Each attack must fail, and the host
+//! must show it did (nothing changed, nothing left running). These run as
+//! the test's user — root in CI, as the demo daemon does.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::time::{Duration, Instant};
+
+use common::{Gateway, key_b64, processes_with};
+use portcullis_client::Client;
+use portcullis_crypto::StaticKeypair;
+use serde_json::{Value, json};
+
+const PLANTED: &str = "planted-daemon-secret-4f1d";
+const BOBS_TOKEN: &str = "bobs-github-token-9a7c";
+
+fn policy(alice: &StaticKeypair, bob: &StaticKeypair) -> String {
+    format!(
+        r#"
+[[principal]]
+id = "alice"
+public_key = "{alice}"
+
+[[principal]]
+id = "bob"
+public_key = "{bob}"
+
+[[root]]
+id = "main"
+path = "GWDIR/workspace"
+virtual_path = "/workspace/main"
+
+[[grant]]
+id = "alice"
+principals = ["alice"]
+fileops = {{ main = "rw" }}
+shell = {{ commands = ["sh", "python3", "cat"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, network = "deny", persist = true, max_processes = 2 }}
+
+[[grant]]
+id = "bob"
+principals = ["bob"]
+shell = {{ commands = ["sh"], env_set = {{ PATH = "/usr/bin:/bin", GITHUB_TOKEN = "{token}" }}, persist = true }}
+"#,
+        alice = key_b64(alice),
+        bob = key_b64(bob),
+        token = BOBS_TOKEN,
+    )
+}
+
+struct Setup {
+    gw: Gateway,
+    alice: Client,
+    bob: Client,
+}
+
+async fn setup() -> Setup {
+    let (a, b) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let env = [("AWS_SECRET_ACCESS_KEY", PLANTED)];
+    let gw = Gateway::start_with_env(&policy(&a, &b), "", &env);
+    let alice = gw.connect(&a).await.unwrap();
+    alice.accept_all().await.unwrap();
+    let bob = gw.connect(&b).await.unwrap();
+    bob.accept_all().await.unwrap();
+    Setup { gw, alice, bob }
+}
+
+/// Runs `script` with `sh -c` in the root; the result.
+async fn sh(client: &Client, script: &str) -> Value {
+    exec(client, json!(["sh", "-c", script])).await
+}
+
+/// Runs a Python program; the result.
+async fn python(client: &Client, program: &str) -> Value {
+    exec(client, json!(["python3", "-c", program])).await
+}
+
+async fn exec(client: &Client, command: Value) -> Value {
+    let request = json!({"command": command, "root_id": "main", "cwd": ""});
+    client.request("shell.exec", request).await.unwrap()
+}
+
+fn stdout(r: &Value) -> &str {
+    r["stdout"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_daemon_s_socket_files_and_secrets_are_out_of_reach() {
+    let Setup { gw, alice, .. } = setup().await;
+    // The admin socket (approving its own tool calls), the daemon's
+    // policy, key and state, a credentials directory under /run.
+    let run_dir = std::path::PathBuf::from(format!("/run/portcullis-test-{}", std::process::id()));
+    std::fs::create_dir_all(&run_dir).unwrap();
+    std::fs::write(run_dir.join("secret"), PLANTED).unwrap();
+    let targets = [
+        gw.admin_socket(),
+        gw.dir.join("policy.toml"),
+        gw.dir.join("gateway.key"),
+        gw.dir.join("state"),
+        run_dir.join("secret"),
+    ];
+    for target in &targets {
+        let program = format!(
+            "import socket, os\n\
+             p = {target:?}\n\
+             try:\n    s = socket.socket(socket.AF_UNIX); s.connect(p); print('CONNECTED')\n\
+             except OSError as e: print('refused', e.errno)\n\
+             try:\n    print('READ', open(p).read())\n\
+             except OSError as e: print('refused', e.errno)\n\
+             print('EXISTS' if os.path.exists(p) else 'absent')",
+            target = target.display().to_string()
+        );
+        let r = python(&alice, &program).await;
+        let out = stdout(&r);
+        assert!(out.contains("absent"), "{}: {r}", target.display());
+        assert!(!out.contains("CONNECTED") && !out.contains("READ"), "{r}");
+    }
+    let _ = std::fs::remove_dir_all(&run_dir);
+
+    // /etc without what only root may read: the test runs as root, as the
+    // demo daemon does, and the command's uid is root in its namespace.
+    let r = sh(
+        &alice,
+        "cat /etc/shadow; echo status=$?; head -c 4 /etc/passwd",
+    )
+    .await;
+    assert!(stdout(&r).contains("status=1"), "{r}");
+    assert!(stdout(&r).ends_with("root"), "{r}");
+}
+
+#[tokio::test]
+async fn other_environments_are_invisible() {
+    let Setup { gw, alice, bob } = setup().await;
+    // bob's persistent process holds his token in its environment.
+    let marker = format!("bob-holds-{}", std::process::id());
+    let start = json!({"command": ["sh", "-c", format!("sleep 30; : {marker}")]});
+    let _running = bob.start("shell.start", start).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while processes_with(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "bob's process started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let script = format!(
+        "cat /proc/{daemon}/environ; echo; cat /proc/*/environ | tr '\\0' '\\n'; ls /proc",
+        daemon = gw.pid()
+    );
+    let r = sh(&alice, &script).await;
+    let out = stdout(&r);
+    assert!(!out.contains(PLANTED), "the daemon's environment: {r}");
+    assert!(
+        !out.contains(BOBS_TOKEN),
+        "another principal's environment: {r}"
+    );
+    // Its own PID namespace: the launcher's init, itself and little else.
+    let pids: Vec<u32> = out.lines().filter_map(|l| l.parse().ok()).collect();
+    assert!(pids.iter().all(|pid| *pid < 20), "{pids:?}");
+    assert!(!pids.contains(&gw.pid()), "{r}");
+}
+
+#[tokio::test]
+async fn metadata_outside_every_root_cannot_change() {
+    let Setup { gw: _gw, alice, .. } = setup().await;
+    // A file outside every root but visible (below /opt, read-only in the
+    // command's world).
+    let dir = std::path::PathBuf::from(format!("/opt/portcullis-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("file");
+    std::fs::write(&file, "host\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let before = std::fs::metadata(&file).unwrap();
+    let program = format!(
+        "import os\n\
+         p = {path:?}\n\
+         for name, f in [('chmod', lambda: os.chmod(p, 0o777)), ('chown', lambda: os.chown(p, 65534, 65534)),\n\
+                         ('utime', lambda: os.utime(p, (0, 0))), ('xattr', lambda: os.setxattr(p, 'user.x', b'1')),\n\
+                         ('write', lambda: open(p, 'a').write('x'))]:\n\
+         \x20   try:\n\
+         \x20       f(); print(name, 'CHANGED')\n\
+         \x20   except OSError as e: print(name, 'refused', e.errno)",
+        path = file.display().to_string()
+    );
+    let r = python(&alice, &program).await;
+    let after = std::fs::metadata(&file).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!stdout(&r).contains("CHANGED"), "{r}");
+    assert_eq!(stdout(&r).matches("refused").count(), 5, "{r}");
+    assert_eq!(before.mode(), after.mode());
+    assert_eq!((before.uid(), before.gid()), (after.uid(), after.gid()));
+    assert_eq!(before.mtime(), after.mtime());
+    assert_eq!(before.len(), after.len());
+}
+
+#[tokio::test]
+async fn nothing_a_command_starts_outlives_it() {
+    let Setup { gw: _gw, alice, .. } = setup().await;
+    // setsid, a double fork and a new process group, each a sleeper; the
+    // command itself exits at once.
+    let marker = format!("survivor-{}", std::process::id());
+    let script = format!(
+        "setsid sleep 300 {marker}-a >/dev/null 2>&1 & \
+         (sleep 300 {marker}-b >/dev/null 2>&1 &) ; \
+         python3 -c 'import os,time; os.setpgid(0,0); time.sleep(300)' {marker}-c >/dev/null 2>&1 & \
+         sleep 0.3; echo started"
+    );
+    let r = sh(&alice, &script).await;
+    assert_eq!(stdout(&r), "started\n", "{r}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !processes_with(&marker).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "survivors: {:?}",
+            processes_with(&marker)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The same for a command that is cancelled while they run.
+    let marker = format!("cancelled-{}", std::process::id());
+    let script = format!("setsid sleep 300 {marker} >/dev/null 2>&1 & echo up; sleep 300");
+    let command = json!({"command": ["sh", "-c", script], "root_id": "main", "cwd": ""});
+    let mut handle = alice.start("shell.start", command).await.unwrap();
+    let mut process_id = String::new();
+    while let Some(item) = handle.next().await {
+        if let portcullis_client::StreamItem::Stream { event, data } = &item
+            && event == "started"
+        {
+            process_id = data["process_id"].as_str().unwrap().to_string();
+        }
+        if !processes_with(&marker).is_empty() && !process_id.is_empty() {
+            break;
+        }
+    }
+    let cancel = json!({"process_id": process_id});
+    alice.request("shell.cancel", cancel).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !processes_with(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "{:?}", processes_with(&marker));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn root_in_the_daemon_is_not_root_in_the_command() {
+    let Setup { gw, alice, .. } = setup().await;
+    // Every capability gone, even when the daemon runs as root; no new
+    // namespaces, no chroot, no hostname, no device node that works, no
+    // reboot.
+    let kmsg = gw.dir.join("workspace/kmsg");
+    let script = "grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status; \
+         hostname pwned 2>/dev/null && echo HOSTNAME; \
+         chroot / true 2>/dev/null && echo CHROOT; \
+         unshare -U true 2>/dev/null && echo USERNS; \
+         unshare -n true 2>/dev/null && echo NETNS; \
+         mknod kmsg c 1 11 2>/dev/null && head -c 1 kmsg >/dev/null 2>&1 && echo KMSG; \
+         python3 -c 'import ctypes; print(\"REBOOT\" if ctypes.CDLL(None).reboot(0x89abcdef) == 0 else \"no reboot\")'";
+    let r = sh(&alice, script).await;
+    let out = stdout(&r);
+    for line in out.lines().filter(|l| l.starts_with("Cap")) {
+        assert!(line.ends_with("0000000000000000"), "{r}");
+    }
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("Cap")).count(),
+        4,
+        "{r}"
+    );
+    for escaped in ["HOSTNAME", "CHROOT", "USERNS", "NETNS", "KMSG", "REBOOT"] {
+        assert!(!out.contains(escaped), "{escaped}: {r}");
+    }
+    assert!(out.contains("no reboot"), "{r}");
+    let _ = std::fs::remove_file(kmsg);
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_ne!(hostname.trim(), "pwned");
+}
+
+#[tokio::test]
+async fn the_host_s_ipc_is_not_the_command_s() {
+    let Setup { gw: _gw, alice, .. } = setup().await;
+    // A host SysV shared memory segment: invisible in the command's IPC
+    // namespace.
+    let made = std::process::Command::new("ipcmk")
+        .args(["-M", "4096"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&made.stdout);
+    let id = said.split_whitespace().last().unwrap().to_string();
+    let r = sh(&alice, "ipcs -m | grep -c '^0x' || true").await;
+    let _ = std::process::Command::new("ipcrm")
+        .args(["-m", &id])
+        .output();
+    assert_eq!(stdout(&r).trim(), "0", "{r}");
+}
+
+#[tokio::test]
+async fn the_admin_socket_refuses_a_peer_in_another_namespace() {
+    let Setup { gw, .. } = setup().await;
+    // The second layer behind the command's view, which has no admin
+    // socket: a peer whose user namespace is not the daemon's is refused,
+    // though it passes the owner check (it maps to the same uid).
+    let status = |prefix: &[&str]| {
+        let program = format!(
+            "import socket\n\
+             try:\n\
+             \x20   s = socket.socket(socket.AF_UNIX); s.connect({socket:?})\n\
+             \x20   s.sendall(b'GET /v1/status HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n')\n\
+             \x20   print(s.recv(64).decode(errors='replace').split('\\r\\n')[0] or 'CLOSED')\n\
+             except OSError: print('CLOSED')",
+            socket = gw.admin_socket().display().to_string()
+        );
+        let out = std::process::Command::new(prefix[0])
+            .args(&prefix[1..])
+            .args(["python3", "-c", &program])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(status(&["env"]), "HTTP/1.1 200 OK");
+    assert_eq!(
+        status(&["unshare", "--user", "--map-current-user"]),
+        "CLOSED"
+    );
+}
