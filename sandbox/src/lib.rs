@@ -1,51 +1,55 @@
 //! The child's side of a command: the `portcullis-sandbox` launcher, which
-//! the daemon starts in place of the program. It confines itself, then
-//! execs the program, so everything below applies to the program and to
-//! all it starts. (Doing this between fork and exec in the daemon would
-//! need `pre_exec`, which is `unsafe`.) The launcher is a small binary of
-//! its own: starting the daemon's 90 MB binary for it cost 1.7 ms more.
+//! the daemon starts in place of the program. It builds the command's
+//! world ([`world`]: namespaces of its own, made by bubblewrap), and a
+//! second launcher inside it confines itself and runs the program, so
+//! everything below applies to the program and to all it starts. (Doing
+//! this between fork and exec in the daemon would need `pre_exec`, which
+//! is `unsafe`.) The launcher is a small binary of its own: starting the
+//! daemon's 90 MB binary for it cost 1.7 ms more.
 //!
 //! Usage: `portcullis-sandbox [--nice N] [--rw DIR]… [--ro DIR]…
 //! [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
 //! [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
 //! [--cwd-follow-symlinks]] -- PROGRAM [ARG…]`; or
-//! `portcullis-sandbox --args-on-stdin [--deny-network]`, which makes its
-//! session and then reads those arguments from stdin ([`encode_args`]) —
-//! how the daemon starts launchers ahead of need (`pool.rs`); or `portcullis-sandbox
-//! --probe`, which reports which mechanisms this host has (one `NAME=ok`
-//! or `NAME=REASON` line each); the daemon asks once.
+//! `portcullis-sandbox --args-on-stdin [--world] [--deny-network] [--rw
+//! DIR]… [--ro DIR]…`, which makes its session (with `--world`, the
+//! command's world too) and then reads those arguments from stdin
+//! ([`encode_args`]) — how the daemon starts launchers ahead of need
+//! (`pool.rs`); or `portcullis-sandbox --probe`, which reports which
+//! mechanisms this host has (one `NAME=ok` or `NAME=REASON` line each); the
+//! daemon asks once. `--inside FD …` is the launcher bwrap starts inside a
+//! world, never the daemon.
 //!
-//! First what is the same for every command ([`Prepared`]; a launcher
-//! started ahead of need does it before its arguments come): `no_new_privs`
-//! (no setuid gains) and a seccomp filter ([`priority_filter`]) that keeps
-//! the program from changing other processes' priority or limits (and,
-//! for a launcher started with `--deny-network`, the network's filter,
-//! which its arguments must then ask for too). Then,
-//! in order: with `--nice` the daemon's CPU priority back (a launcher
+//! In order: with `--nice` the daemon's CPU priority back (a launcher
 //! started ahead of need waits at the lowest, see `pool.rs`); a session
 //! and process group of its own (so the daemon can end the whole group),
-//! with `--tty` its stdin as controlling terminal;
-//! with `--cwd` the working directory, opened beneath its root as `file.*`
-//! requests open paths; the grant's rlimits, no core dumps and no raising
-//! of its CPU priority; a Landlock ruleset: read and execute
-//! the system's program paths, read the granted `ro` roots, read and write
-//! the `rw` roots, and (where the kernel has it) signal nothing outside
-//! the sandbox; with `--deny-network` no network (see [`network_rules`]):
-//! Landlock's TCP rules and its abstract-socket scope, in the same
-//! ruleset, and a second seccomp filter ([`network_filter`]) that refuses
-//! sockets of every family but `AF_UNIX`. If the
-//! kernel cannot enforce that (Landlock ABI 3, and 6 for the network;
-//! seccomp, which is never skipped) the launcher refuses to run the
-//! program — unless the daemon passed `--skip` for that mechanism, which it
-//! does only for a grant with `sandbox = "best_effort"` on a host whose
-//! probe said the mechanism is missing (and then records a warning in the
-//! audit entry).
+//! with `--tty` its stdin as controlling terminal; the world. Inside it
+//! ([`Prepared`], [`confine`]): `no_new_privs` (no setuid gains) and a
+//! seccomp filter ([`filters::priority`]) that keeps the program from
+//! changing other processes' priority or limits; with `--cwd` the working
+//! directory, opened beneath its root as `file.*` requests open paths; the
+//! grant's rlimits, no core dumps and no raising of its CPU priority; a
+//! Landlock ruleset: read and execute the system's program paths, read the
+//! granted `ro` roots, read and write the `rw` roots, and (where the kernel
+//! has it) signal nothing outside the sandbox; with `--deny-network` no
+//! network (see [`network_rules`]): Landlock's TCP rules and its
+//! abstract-socket scope, in the same ruleset, and a seccomp filter
+//! ([`filters::network`]) that refuses sockets of every family but
+//! `AF_UNIX`; last the filter of calls no command needs
+//! ([`filters::hardening`]). If the host cannot enforce that (namespaces;
+//! Landlock ABI 3, and 6 for the network; seccomp, which is never skipped)
+//! the launcher refuses to run the program — unless the daemon passed
+//! `--skip` for that mechanism, which it does only for a grant with
+//! `sandbox = "best_effort"` on a host whose probe said the mechanism is
+//! missing (and then records a warning in the audit entry). Without
+//! namespaces the launcher confines itself in place and execs the program.
 //!
-//! With `--await-release`, the last step before exec is to read one byte
-//! from stdin: the daemon sends [`RELEASE`] once the request's start entry
-//! is durable, so the sandbox is set up while the entry is written but the
-//! program never runs unaudited (end of input instead: the launcher exits).
-//! `--stdin-null` then gives the program /dev/null as its stdin.
+//! With `--await-release`, the last step before the program runs is to read
+//! one byte from stdin: the daemon sends [`RELEASE`] once the request's
+//! start entry is durable, so the sandbox is set up while the entry is
+//! written but the program never runs unaudited (end of input instead: the
+//! launcher exits). `--stdin-null` then gives the program /dev/null as its
+//! stdin.
 //!
 //! Architecture invariant: this crate never depends on the daemon, the
 //! wire or the policy; the daemon uses its library for the launcher's
@@ -341,7 +345,8 @@ pub enum SetupError {
     SeccompFilter(#[from] seccompiler::BackendError),
     #[error("seccomp: {0}")]
     Seccomp(#[from] seccompiler::Error),
-    #[error("namespaces: {0}")]
+    /// bwrap could not make the command's world (the message says so).
+    #[error("{0}")]
     Namespaces(String),
     #[error("a launcher without network was given a command that may use it")]
     NetworkMismatch,
@@ -728,21 +733,21 @@ fn required_filesystem_rules(ruleset: Ruleset) -> Result<Ruleset, landlock::Rule
     ruleset.handle_access(AccessFs::from_all(ABI::V3))
 }
 
-/// No network, in two layers, each refusing what the other cannot see.
+/// No network, in layers beneath the command's empty network namespace
+/// ([`world`]), each refusing what the others cannot see.
 ///
 /// Landlock: no TCP connect or bind (ABI 4), and no connecting to an
 /// abstract UNIX socket made outside this sandbox (ABI 6) — a host's
 /// abstract sockets are services, not files, so the filesystem rules do not
 /// reach them.
 ///
-/// seccomp ([`network_filter`]): `socket` and `socketpair` of any family but
-/// `AF_UNIX` fail with `EACCES` (UDP, raw, netlink, vsock… which Landlock
-/// does not cover), and so does `io_uring_setup` (io_uring can open sockets
-/// without `socket`).
+/// seccomp ([`filters::network`]): `socket` and `socketpair` of any family
+/// but `AF_UNIX` fail with `EACCES` (UDP, raw, netlink, vsock… which
+/// Landlock does not cover), and so does `io_uring_setup` (io_uring can open
+/// sockets without `socket`).
 ///
-/// Pathname UNIX sockets are files: the Landlock filesystem rules decide
-/// which can be made. This replaced a network namespace per command,
-/// whose creation and teardown cost more CPU than `/bin/true` itself.
+/// Pathname UNIX sockets are files: the mount namespace and the Landlock
+/// filesystem rules decide which can be reached.
 fn network_rules(ruleset: Ruleset) -> Result<Ruleset, landlock::RulesetError> {
     ruleset
         .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?
@@ -791,7 +796,7 @@ impl Mechanism {
                 let hard = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
                 Ok(required_filesystem_rules(hard).and_then(|r| r.create().map(drop))?)
             }
-            Self::Namespaces => world::probe().map_err(SetupError::Namespaces),
+            Self::Namespaces => world::probe(),
             // Last: the probe exits right after, without sockets.
             Self::Network => landlock(&SandboxArgs::default(), None, true)
                 .and_then(|()| filters::apply(filters::priority()))
@@ -809,6 +814,12 @@ pub enum Limit {
     FileSize,
     /// Open descriptors.
     OpenFiles,
+    /// Processes of the command's user (`RLIMIT_NPROC`). In the command's
+    /// own user namespace the kernel counts only that namespace's
+    /// processes (Linux 5.14+), so this is the command's own count — the
+    /// two launcher processes of its world included. Not enforced for a
+    /// daemon running as root (the kernel exempts uid 0).
+    Processes,
     /// Core dump size (always 0).
     Core,
     /// How far the nice value may be lowered (always 0: not at all).
@@ -816,10 +827,11 @@ pub enum Limit {
 }
 
 impl Limit {
-    const ALL: [(Self, &'static str); 5] = [
+    const ALL: [(Self, &'static str); 6] = [
         (Self::Memory, "memory"),
         (Self::FileSize, "file_size"),
         (Self::OpenFiles, "open_files"),
+        (Self::Processes, "processes"),
         (Self::Core, "core"),
         (Self::Nice, "nice"),
     ];
@@ -835,7 +847,7 @@ impl Limit {
     fn parse(arg: &str) -> Result<(Self, u64), SetupError> {
         let bad = || {
             SetupError::Usage(format!(
-                "--limit {arg}: expected NAME=N with NAME one of memory, file_size, open_files, core, nice"
+                "--limit {arg}: expected NAME=N with NAME one of memory, file_size, open_files, processes, core, nice"
             ))
         };
         let (name, value) = arg.split_once('=').ok_or_else(bad)?;
@@ -853,6 +865,7 @@ impl Limit {
             Self::Memory => Resource::As,
             Self::FileSize => Resource::Fsize,
             Self::OpenFiles => Resource::Nofile,
+            Self::Processes => Resource::Nproc,
             Self::Core => Resource::Core,
             Self::Nice => Resource::Nice,
         }
@@ -888,6 +901,14 @@ mod tests {
             prop_assume!(!boundaries.contains(&cut));
             prop_assert!(decode_args(&body[..cut]).is_err());
         }
+    }
+
+    #[test]
+    fn limits_by_name() {
+        assert_eq!(Limit::parse("processes=7").unwrap(), (Limit::Processes, 7));
+        assert_eq!(Limit::parse("memory=1024").unwrap(), (Limit::Memory, 1024));
+        assert!(Limit::parse("threads=3").is_err());
+        assert!(Limit::parse("processes=many").is_err());
     }
 
     #[test]

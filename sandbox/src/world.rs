@@ -143,8 +143,6 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("--unshare-ipc"),
         flag("--unshare-pid"),
         flag("--unshare-uts"),
-        flag("--unshare-cgroup-try"),
-        flag("--disable-userns"),
         flag("--die-with-parent"),
         flag("--cap-drop"),
         flag("ALL"),
@@ -389,11 +387,11 @@ impl Status {
 }
 
 /// Whether bwrap can make a world on this host (tried once, by the probe).
-pub(crate) fn probe() -> Result<(), String> {
+pub(crate) fn probe() -> Result<(), SetupError> {
     if !Path::new(BWRAP).is_file() {
-        return Err(format!(
+        return Err(SetupError::Namespaces(format!(
             "{BWRAP} is missing (install Debian's `bubblewrap` package)"
-        ));
+        )));
     }
     let args = SandboxArgs {
         deny_network: true,
@@ -404,15 +402,15 @@ pub(crate) fn probe() -> Result<(), String> {
         .args(["--", "/usr/bin/true"])
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("{BWRAP}: {e}"))?;
-    match out.status.success() {
-        true => Ok(()),
-        false => {
-            let said = String::from_utf8_lossy(&out.stderr);
-            let said = said.lines().next().unwrap_or("no message").trim();
-            Err(format!("bwrap cannot make namespaces here: {said}"))
-        }
+        .map_err(|e| SetupError::Namespaces(format!("{BWRAP}: {e}")))?;
+    if out.status.success() {
+        return Ok(());
     }
+    let said = String::from_utf8_lossy(&out.stderr);
+    let said = said.lines().next().unwrap_or("no message").trim();
+    Err(SetupError::Namespaces(format!(
+        "bwrap cannot make namespaces here: {said}"
+    )))
 }
 
 #[cfg(test)]

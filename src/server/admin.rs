@@ -228,7 +228,10 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
                 let audit = gateway.audit.clone();
                 match blocking(move || audit.list(&filter)).await {
                     Ok(entries) => reply(StatusCode::OK, json!({ "entries": entries })),
-                    Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e })),
+                    Err(e) => reply(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({ "error": e.to_string() }),
+                    ),
                 }
             }
             Err(e) => reply(StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
@@ -262,7 +265,10 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
             let audit = gateway.audit.clone();
             match blocking(move || audit.verify(audit.public_key())).await {
                 Ok(report) => reply(StatusCode::OK, json!(report)),
-                Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e })),
+                Err(e) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "error": e.to_string() }),
+                ),
             }
         }
         (&Method::GET, "/v1/audit/export") => export(gateway),
@@ -276,7 +282,10 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
             let audit = gateway.audit.clone();
             match blocking(move || audit.after(seq, 1000)).await {
                 Ok(entries) => reply(StatusCode::OK, json!({ "entries": entries })),
-                Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e })),
+                Err(e) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "error": e.to_string() }),
+                ),
             }
         }
         (&Method::GET, p) if p.starts_with("/v1/audit/") => {
@@ -293,7 +302,10 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
                     StatusCode::NOT_FOUND,
                     json!({ "error": "no such audit entry" }),
                 ),
-                Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e })),
+                Err(e) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "error": e.to_string() }),
+                ),
             }
         }
         _ => reply(
@@ -390,15 +402,20 @@ fn percent_decode(value: &str) -> Result<String, FilterError> {
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
-/// Runs a store read on the blocking pool; the error is the message a 500
-/// carries.
+/// Why a store read for an admin request failed (a 500's `error`).
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error(transparent)]
+    Store(#[from] portcullis_store::StoreError),
+    #[error("the store read failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Runs a store read on the blocking pool.
 async fn blocking<T: Send + 'static>(
     read: impl FnOnce() -> Result<T, portcullis_store::StoreError> + Send + 'static,
-) -> Result<T, String> {
-    match tokio::task::spawn_blocking(read).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(e) => Err(format!("the store read failed: {e}")),
-    }
+) -> Result<T, ReadError> {
+    Ok(tokio::task::spawn_blocking(read).await??)
 }
 
 /// Streams `AuditLog::export` as it is written, 64 KiB at a time. A failure

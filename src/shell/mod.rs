@@ -642,7 +642,16 @@ fn launcher_path() -> Result<&'static Path, ErrorBody> {
 }
 
 /// A mechanism, and whether the host has it (or why not).
-pub type MechanismSupport = (Mechanism, Result<(), String>);
+pub type MechanismSupport = (Mechanism, Result<(), Missing>);
+
+/// Why the host lacks a mechanism, as the launcher's probe said it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Missing {
+    #[error("{0}")]
+    Said(String),
+    #[error("the launcher's probe did not answer")]
+    NoAnswer,
+}
 
 /// What this host can confine commands with, asked of the launcher once
 /// (`portcullis-sandbox --probe`); a mechanism the launcher does not
@@ -666,8 +675,8 @@ pub fn host_sandbox() -> Result<&'static [MechanismSupport], ErrorBody> {
                     .find_map(|line| line.strip_prefix(mechanism.name())?.strip_prefix('='));
                 let support = match said {
                     Some("ok") => Ok(()),
-                    Some(reason) => Err(reason.to_string()),
-                    None => Err("the launcher's probe did not answer".to_string()),
+                    Some(reason) => Err(Missing::Said(reason.to_string())),
+                    None => Err(Missing::NoAnswer),
                 };
                 (mechanism, support)
             })
@@ -683,7 +692,7 @@ fn missing_mechanisms(terms: &ShellTerms) -> Result<Vec<(Mechanism, String)>, Er
     let missing: Vec<(Mechanism, String)> = host_sandbox()?
         .iter()
         .filter(|(m, _)| needed(*m))
-        .filter_map(|(m, support)| Some((*m, support.clone().err()?)))
+        .filter_map(|(m, support)| Some((*m, support.clone().err()?.to_string())))
         .collect();
     if missing.is_empty() || terms.sandbox == SandboxMode::BestEffort {
         return Ok(missing);
@@ -733,10 +742,15 @@ fn launcher_args(
         Io::Piped { stdin: false } => &["--await-release", "--stdin-null"],
     };
     args.extend(io_flags.iter().map(OsString::from));
+    // In its own world the command's processes are counted in its own
+    // user namespace, where the launcher inside and bwrap's init are two.
+    let world = !skip.iter().any(|(m, _)| *m == Mechanism::Namespaces);
+    let processes = world.then_some(u64::from(terms.max_processes) + WORLD_PROCESSES);
     let limits = [
         ("memory", terms.limits.memory),
         ("file_size", terms.limits.file_size),
         ("open_files", terms.limits.open_files),
+        ("processes", processes),
     ];
     for (name, value) in limits {
         if let Some(value) = value {
@@ -762,6 +776,10 @@ fn launcher_args(
     args.extend(command_args.iter().map(OsString::from));
     args
 }
+
+/// Processes of a command's world that are not the command's: bwrap's
+/// init and the launcher inside.
+const WORLD_PROCESSES: u64 = 2;
 
 /// The grant's roots of one mode, in the policy's order.
 fn roots(terms: &ShellTerms, mode: Mode) -> Vec<PathBuf> {

@@ -18,7 +18,7 @@ REPO=$(pwd)
 PORT=${PORTCULLIS_TEST_PORT:-17643}
 CACHE=${PORTCULLIS_ROOTFS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/portcullis}
 # The name changes with the package list, so a stale cache is not reused.
-BASE=$CACHE/rootfs-bookworm-procps
+BASE=$CACHE/rootfs-bookworm-procps-bwrap
 
 say() { echo "systemd-test: $*"; }
 die() { echo "systemd-test: FAIL: $*" >&2; exit 1; }
@@ -32,7 +32,7 @@ if [ ! -d "$BASE" ]; then
   say "debootstrapping bookworm into $BASE (once)"
   mkdir -p "$CACHE"
   rm -rf "$BASE.tmp"
-  debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,procps \
+  debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,procps,bubblewrap \
     bookworm "$BASE.tmp" http://deb.debian.org/debian >"$CACHE/debootstrap.log" 2>&1 \
     || { tail -20 "$CACHE/debootstrap.log"; die "debootstrap failed"; }
   mv "$BASE.tmp" "$BASE"
@@ -88,7 +88,7 @@ public_key = "$CLIENT_KEY"
 id = "agent"
 principals = ["agent"]
 fileops = { workspace = "rw" }
-shell = { commands = ["echo", "id", "sleep", "nice"], network = "deny", env_set = { PATH = "/usr/bin:/bin" } }
+shell = { commands = ["echo", "id", "sleep", "nice", "sh"], network = "deny", env_set = { PATH = "/usr/bin:/bin" }, max_processes = 3 }
 tools = { allow = ["greet"] }
 
 [[tool]]
@@ -163,6 +163,21 @@ say "file read: ok"
 out=$("$CLI" exec "$URL" "${C[@]}" -- id -un) || die "exec failed"
 [ "$out" = portcullis ] || die "exec id -un gave '$out'"
 say "command (as user '$out'): ok"
+
+# A command shares nothing with the daemon, under the unit as an operator
+# runs it: its own namespaces (bubblewrap), as the service user.
+out=$("$CLI" exec "$URL" "${C[@]}" -- sh -c \
+  'test -e /run/portcullis/admin.sock && echo ADMIN-SOCKET; cat /etc/portcullis/policy.toml /run/credentials/*/greeting 2>/dev/null; grep -l CREDENTIALS_DIRECTORY /proc/*/environ 2>/dev/null; echo end') \
+  || die "the isolation probe failed: $out"
+[ "$out" = end ] || die "a command reached the daemon's socket, config, credentials or environment: $out"
+out=$("$CLI" exec "$URL" "${C[@]}" -- sh -c 'for i in 1 2 3 4 5 6; do sleep 2 & done; wait; echo done' 2>&1) || true
+echo "$out" | grep -qi "resource temporarily unavailable\|cannot fork" \
+  || die "six processes under max_processes = 3: $out"
+"$CLI" exec "$URL" "${C[@]}" -- sh -c 'setsid sleep 301 >/dev/null 2>&1 & echo started' >/dev/null \
+  || die "the survivor probe failed"
+for _ in $(seq 1 50); do inside pgrep -f "sleep 301" >/dev/null || break; sleep 0.1; done
+inside pgrep -f "sleep 301" >/dev/null && die "a setsid process outlived its command"
+say "a command sees no admin socket, config, credentials or other environments; max_processes counts all its processes; nothing outlives it: ok"
 # Launchers wait at nice 19 where the daemon may take a priority back
 # (the unit asks for LimitNICE=+0; a machine whose root lacks
 # CAP_SYS_RESOURCE, like some VMs, cannot give it, and then they wait at
