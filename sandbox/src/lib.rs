@@ -64,6 +64,8 @@ use std::process::ExitCode;
 mod filters;
 mod world;
 
+pub use world::hidden_in_etc;
+
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
@@ -121,6 +123,9 @@ pub struct SandboxArgs {
     env: Vec<(OsString, OsString)>,
     /// The working directory (otherwise the launcher's own).
     cwd: Option<WorkingDir>,
+    /// What of `/etc` the command's world covers (`--hide`), when the
+    /// daemon looked (`--etc-looked`); otherwise the launcher looks.
+    hidden: Option<Vec<PathBuf>>,
     /// The program (an absolute path) and its arguments.
     command: Vec<OsString>,
 }
@@ -144,6 +149,13 @@ impl SandboxArgs {
                     parsed.nice = Some(nice.ok_or_else(|| usage("--nice needs N, a nice value"))?);
                 }
                 Some("--deny-network") => parsed.deny_network = true,
+                Some("--etc-looked") => {
+                    parsed.hidden.get_or_insert_with(Vec::new);
+                }
+                Some("--hide") => {
+                    let path = args.next().ok_or_else(|| usage("--hide needs a PATH"))?;
+                    parsed.hidden.get_or_insert_with(Vec::new).push(path.into());
+                }
                 Some("--tty") => parsed.tty = true,
                 Some("--await-release") => parsed.await_release = true,
                 Some("--stdin-null") => parsed.stdin_null = true,
@@ -254,8 +266,9 @@ fn waiting(flags: &[OsString]) -> ExitCode {
         return refuse(SetupError::os("setsid", e.into()));
     }
     if layout.world {
-        return match world::hidden_in_etc() {
-            Ok(hidden) => world::enter(&layout.args(), world::Inner::OnStdin(flags), &hidden),
+        let args = layout.args();
+        return match args.hidden() {
+            Ok(hidden) => world::enter(&args, world::Inner::OnStdin(flags), &hidden),
             Err(e) => refuse(e),
         };
     }
@@ -282,6 +295,8 @@ struct Layout {
     deny_network: bool,
     rw: Vec<PathBuf>,
     ro: Vec<PathBuf>,
+    /// `--etc-looked` and `--hide`, as for a command.
+    hidden: Option<Vec<PathBuf>>,
 }
 
 impl Layout {
@@ -289,7 +304,7 @@ impl Layout {
         let usage = || {
             SetupError::Usage(
                 "usage: portcullis-sandbox --args-on-stdin [--world] [--deny-network] \
-                 [--rw DIR]... [--ro DIR]..."
+                 [--rw DIR]... [--ro DIR]... [--etc-looked [--hide PATH]...]"
                     .into(),
             )
         };
@@ -301,6 +316,13 @@ impl Layout {
                 Some("--deny-network") => layout.deny_network = true,
                 Some("--rw") => layout.rw.push(flags.next().ok_or_else(usage)?.into()),
                 Some("--ro") => layout.ro.push(flags.next().ok_or_else(usage)?.into()),
+                Some("--etc-looked") => {
+                    layout.hidden.get_or_insert_with(Vec::new);
+                }
+                Some("--hide") => {
+                    let path = flags.next().ok_or_else(usage)?.into();
+                    layout.hidden.get_or_insert_with(Vec::new).push(path);
+                }
                 _ => return Err(usage()),
             }
         }
@@ -313,6 +335,7 @@ impl Layout {
             deny_network: self.deny_network,
             rw: self.rw.clone(),
             ro: self.ro.clone(),
+            hidden: self.hidden.clone(),
             ..SandboxArgs::default()
         }
     }
@@ -421,7 +444,7 @@ fn run(args: SandboxArgs, raw: &[OsString], prepared: Prepared, in_own_session: 
                 "a launcher that filtered the network cannot make namespaces".into(),
             ));
         }
-        return match world::hidden_in_etc() {
+        return match args.hidden() {
             Ok(hidden) => world::enter(&args, world::Inner::Given(raw), &hidden),
             Err(e) => refuse(e),
         };
@@ -551,6 +574,14 @@ fn confine(args: &SandboxArgs, network_filtered: bool) -> Result<(), SetupError>
 }
 
 impl SandboxArgs {
+    /// What of `/etc` to cover: as the daemon said, or looked at now.
+    fn hidden(&self) -> Result<Vec<PathBuf>, SetupError> {
+        match &self.hidden {
+            Some(hidden) => Ok(hidden.clone()),
+            None => world::hidden_in_etc(),
+        }
+    }
+
     fn applies(&self, mechanism: Mechanism) -> bool {
         !self.skip.contains(&mechanism)
     }

@@ -92,9 +92,10 @@ fn relayed() -> SigSet {
 }
 
 /// The entries of `/etc` a command must not see: not readable by all
-/// users (and `/etc/portcullis`). Computed by each launcher, so a secret
-/// file added after the daemon started is covered too.
-pub(crate) fn hidden_in_etc() -> Result<Vec<PathBuf>, SetupError> {
+/// users (and `/etc/portcullis`). The daemon looks every few seconds and
+/// tells launchers (`--etc-looked --hide …`), so a secret file added after
+/// it started is covered too; a launcher told nothing looks itself.
+pub fn hidden_in_etc() -> Result<Vec<PathBuf>, SetupError> {
     let mut hidden: Vec<PathBuf> = ALWAYS_HIDDEN
         .iter()
         .map(PathBuf::from)

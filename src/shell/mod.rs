@@ -54,7 +54,13 @@ struct State {
     slots: Slots,
     /// Launchers started ahead of need (`pool.rs`).
     launchers: pool::Launchers,
+    /// What of `/etc` a command's world covers, and when it was looked at.
+    etc: Mutex<Option<(Instant, Arc<[PathBuf]>)>>,
 }
+
+/// How long a look at `/etc` serves: a file made unreadable (a new secret)
+/// is covered in commands started this much later.
+const ETC_LOOK_EVERY: Duration = Duration::from_secs(5);
 
 impl Shell {
     /// A shell provider whose started processes live in `processes` (the
@@ -64,6 +70,7 @@ impl Shell {
             processes,
             slots: Slots::default(),
             launchers: pool::Launchers::default(),
+            etc: Mutex::new(None),
         }))
     }
 
@@ -319,7 +326,29 @@ impl Shell {
         start_entry: &mut StartEntry,
     ) -> Result<Running, ErrorBody> {
         let slot = self.0.slots.take(principal, terms.max_processes)?;
-        spawn(&self.0.launchers, slot, terms, command, io, start_entry).await
+        let hidden = self.hidden_in_etc()?;
+        let launchers = &self.0.launchers;
+        spawn(launchers, slot, terms, command, io, start_entry, hidden).await
+    }
+}
+
+impl Shell {
+    /// What of `/etc` commands' worlds cover (the sandbox crate's
+    /// `hidden_in_etc`), looked at again when the last look is older than
+    /// `ETC_LOOK_EVERY`: a few milliseconds the launchers no longer spend
+    /// each.
+    fn hidden_in_etc(&self) -> Result<Arc<[PathBuf]>, ErrorBody> {
+        let mut etc = self.0.etc.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, hidden)) = etc.as_ref()
+            && at.elapsed() < ETC_LOOK_EVERY
+        {
+            return Ok(hidden.clone());
+        }
+        let hidden: Arc<[PathBuf]> = sandbox::hidden_in_etc()
+            .map_err(|e| provider_error(format!("the command's world: {e}")))?
+            .into();
+        *etc = Some((Instant::now(), hidden.clone()));
+        Ok(hidden)
     }
 }
 
@@ -330,6 +359,7 @@ async fn spawn(
     command: &[String],
     io: Io<'_>,
     start_entry: &mut StartEntry,
+    hidden: Arc<[PathBuf]>,
 ) -> Result<Running, ErrorBody> {
     let Some((program, args)) = command.split_first() else {
         return Err(invalid("`command` must name a program"));
@@ -344,7 +374,7 @@ async fn spawn(
     let skip = missing_mechanisms(terms)?;
     let skip_network = skip.iter().any(|(m, _)| *m == Mechanism::Network);
     let nice = launchers.restored_nice();
-    let launcher_args = launcher_args(terms, &program, args, &io, &skip, nice);
+    let launcher_args = launcher_args(terms, &program, args, &io, &skip, nice, &hidden);
     let keep_stdin = matches!(io, Io::Piped { stdin: true });
     let started = Instant::now();
     let child = match io {
@@ -357,6 +387,7 @@ async fn spawn(
                     rw: roots(terms, Mode::Rw),
                     ro: roots(terms, Mode::Ro),
                     deny_network,
+                    hidden: hidden.clone(),
                 },
                 true => pool::Kind::Plain {
                     filtered: deny_network && !skip_network,
@@ -722,6 +753,7 @@ fn launcher_args(
     io: &Io,
     skip: &[(Mechanism, String)],
     restored_nice: Option<i32>,
+    hidden: &[PathBuf],
 ) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     for (mechanism, _) in skip {
@@ -735,6 +767,10 @@ fn launcher_args(
     }
     if terms.network == Network::Deny {
         args.push("--deny-network".into());
+    }
+    args.push("--etc-looked".into());
+    for path in hidden {
+        args.extend(["--hide".into(), path.into()]);
     }
     let io_flags: &[&str] = match io {
         Io::Terminal(_) => &["--tty"],

@@ -61,6 +61,9 @@ pub(super) enum Kind {
         rw: Vec<PathBuf>,
         ro: Vec<PathBuf>,
         deny_network: bool,
+        /// What of `/etc` it covers: a new look makes a new kind, so no
+        /// launcher built before it runs a command after it.
+        hidden: Arc<[PathBuf]>,
     },
     /// No world (a host without namespaces); `filtered`: the network's
     /// seccomp filter applied ahead (`--deny-network`).
@@ -76,6 +79,7 @@ impl Kind {
                 rw,
                 ro,
                 deny_network,
+                hidden,
             } => {
                 flags.push("--world".into());
                 if *deny_network {
@@ -86,6 +90,10 @@ impl Kind {
                 }
                 for dir in ro {
                     flags.extend(["--ro".into(), dir.into()]);
+                }
+                flags.push("--etc-looked".into());
+                for path in hidden.iter() {
+                    flags.extend(["--hide".into(), path.into()]);
                 }
             }
             Self::Plain { filtered: true } => flags.push("--deny-network".into()),
