@@ -47,6 +47,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+use rustix::fs::Access;
 
 use crate::{EXIT_SANDBOX, SandboxArgs, SetupError, refuse};
 
@@ -91,10 +92,14 @@ fn relayed() -> SigSet {
     set
 }
 
-/// The entries of `/etc` a command must not see: not readable by all
-/// users (and `/etc/portcullis`). The daemon looks every few seconds and
-/// tells launchers (`--etc-looked --hide …`), so a secret file added after
-/// it started is covered too; a launcher told nothing looks itself.
+/// The entries of `/etc` a command must not see: those not readable by
+/// all users that this process's user can read — and so the command,
+/// which runs as the same user (root; or the service user through its
+/// group, as with a policy file of mode 0640) — and `/etc/portcullis`.
+/// What this user cannot read needs no cover, and each cover is a bind
+/// mount, the costly part of a world. The daemon looks every few seconds
+/// and tells launchers (`--etc-looked --hide …`), so a secret file added
+/// after it started is covered too; a launcher told nothing looks itself.
 pub fn hidden_in_etc() -> Result<Vec<PathBuf>, SetupError> {
     let mut hidden: Vec<PathBuf> = ALWAYS_HIDDEN
         .iter()
@@ -120,7 +125,13 @@ pub fn hidden_in_etc() -> Result<Vec<PathBuf>, SetupError> {
                 false => meta.file_type().is_symlink() || mode & 0o004 != 0,
             };
             if !readable {
-                hidden.push(path);
+                let wanted = match meta.is_dir() {
+                    true => Access::READ_OK | Access::EXEC_OK,
+                    false => Access::READ_OK,
+                };
+                if rustix::fs::access(&path, wanted).is_ok() {
+                    hidden.push(path);
+                }
             } else if meta.is_dir() && depth < ETC_DEPTH {
                 pending.push((path, depth + 1));
             }
@@ -424,8 +435,11 @@ mod tests {
         if Path::new("/etc/portcullis").exists() {
             assert!(hidden.contains(&PathBuf::from("/etc/portcullis")));
         }
-        // Debian's /etc/shadow is 0640 root:shadow.
-        if Path::new("/etc/shadow").exists() {
+        // Debian's /etc/shadow is 0640 root:shadow: covered where this
+        // user could read it (root, as the tests run).
+        if Path::new("/etc/shadow").exists()
+            && rustix::fs::access("/etc/shadow", Access::READ_OK).is_ok()
+        {
             assert!(hidden.contains(&PathBuf::from("/etc/shadow")), "{hidden:?}");
         }
         assert!(!hidden.contains(&PathBuf::from("/etc/passwd")));
