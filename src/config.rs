@@ -28,6 +28,19 @@ pub struct Config {
     /// Where to serve `GET /metrics` over plain HTTP too (the admin socket
     /// always serves `/v1/metrics`).
     pub metrics_listen: Option<SocketAddr>,
+    pub egress: EgressConfig,
+}
+
+/// `[egress]`: the proxy commands with an egress allow-list go through.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConfig {
+    /// Names the proxy resolves to these addresses instead of asking DNS
+    /// (off by default; for tests and split-horizon setups). The
+    /// allow-list still decides, and a private address still needs an
+    /// address entry.
+    #[serde(default)]
+    pub resolve: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
 }
 
 /// `[audit]`: retention.
@@ -125,6 +138,8 @@ struct RawConfig {
     approval_timeout: Option<Duration>,
     #[serde(default)]
     metrics_listen: Option<SocketAddr>,
+    #[serde(default)]
+    egress: EgressConfig,
 }
 
 fn default_provider_id() -> String {
@@ -213,6 +228,7 @@ impl Config {
                 .or_else(|| std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from)),
             approval_timeout: raw.approval_timeout.unwrap_or(Duration::from_secs(300)),
             metrics_listen: raw.metrics_listen,
+            egress: raw.egress,
             tls: raw.tls.map(|t| TlsFiles {
                 cert: resolve(t.cert),
                 key: resolve(t.key),

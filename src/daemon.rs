@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::config::Config;
+use crate::egress::Egress;
 use crate::files::Files;
 use crate::provider::Providers;
 use crate::resources::Resources;
@@ -12,6 +13,7 @@ use crate::server::Gateway;
 use crate::shell::Shell;
 use crate::shell::process::{Processes, StillAllowed, keeper};
 use crate::tools::Tools;
+use portcullis_store::AuditLog;
 
 /// The providers of one run of the daemon, and what they share.
 pub struct Daemon {
@@ -24,13 +26,14 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub fn assemble(config: &Config) -> Self {
+    pub fn assemble(config: &Config, audit: AuditLog) -> Self {
         let instance_id = crate::random_id();
         let processes = Processes::new(&instance_id);
+        let egress = Egress::new(&config.egress, &config.state_dir, audit);
         let providers = Providers::new()
             .with(Arc::new(Resources::new(processes.clone())))
             .with(Arc::new(Files::new()))
-            .with(Arc::new(Shell::new(processes.clone())))
+            .with(Arc::new(Shell::new(processes.clone(), egress)))
             .with(Arc::new(Tools::new(config.secrets_dir.clone())));
         Self {
             instance_id,
@@ -75,7 +78,11 @@ mod tests {
             std::path::Path::new("/etc/portcullis/portcullis.toml"),
         )
         .unwrap();
-        let providers = Daemon::assemble(&config).providers;
+        let dir = tempfile::tempdir().unwrap();
+        let audit = portcullis_store::Store::open(dir.path())
+            .and_then(|store| store.audit(None))
+            .unwrap();
+        let providers = Daemon::assemble(&config, audit).providers;
         let mut declared: Vec<&str> = providers.methods().map(|m| m.name).collect();
         declared.sort_unstable();
         assert_eq!(declared.len(), 27, "{declared:?}");

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod egress;
 pub mod files;
 pub mod provider;
 pub mod resources;

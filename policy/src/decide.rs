@@ -633,7 +633,7 @@ fn shell(policy: &Policy, grants: &[&Grant], principal: &str, command: &Target) 
             max_runtime: shell.max_runtime,
             output_limit: shell.output_limit,
             pty,
-            network: shell.network,
+            network: shell.network.clone(),
             max_processes: shell.max_processes,
             persist: shell.persist,
             idle_timeout: shell.idle_timeout,

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod decide;
+pub mod egress;
 mod load;
 mod model;
 pub mod path;

@@ -341,7 +341,9 @@ impl Validator<'_> {
                 .map_or(std::time::Duration::from_secs(600), |d| d.0),
             output_limit: raw.output_limit.map_or(16 << 20, |s| s.0),
             pty: raw.pty,
-            network: raw.network.unwrap_or(Network::Deny),
+            network: raw
+                .network
+                .map_or(Network::Deny, |network| self.network(grant, network)),
             max_processes: max_processes.unwrap_or(4),
             persist: raw.persist,
             idle_timeout: raw
@@ -354,6 +356,33 @@ impl Validator<'_> {
             },
             sandbox: raw.sandbox,
             survive_revocation: survive_revocation.unwrap_or(false),
+        }
+    }
+
+    fn network(&mut self, grant: &str, raw: Spanned<RawNetwork>) -> Network {
+        let span = raw.span();
+        match raw.into_inner() {
+            RawNetwork::Word(word) if word == "allow" => Network::Allow,
+            RawNetwork::Word(word) if word == "deny" => Network::Deny,
+            RawNetwork::Word(word) => {
+                self.error(
+                    span,
+                    format!(
+                        "grant `{grant}`: network = \"{word}\": expected \"deny\", \"allow\" \
+                         or {{ allow = [\"pypi.org\", \"*.github.com:443\", ...] }}"
+                    ),
+                );
+                Network::Deny
+            }
+            RawNetwork::AllowList(list) => {
+                match crate::egress::Egress::parse(list.allow.iter().map(String::as_str)) {
+                    Ok(egress) => Network::Egress(std::sync::Arc::new(egress)),
+                    Err(e) => {
+                        self.error(span, format!("grant `{grant}`: network allow-list: {e}"));
+                        Network::Deny
+                    }
+                }
+            }
         }
     }
 

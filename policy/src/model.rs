@@ -120,11 +120,33 @@ pub enum CommandRule {
     Listed(BTreeSet<String>),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// What a grant's commands may reach over the network.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Network {
+    /// The host's network, as the daemon has it.
     Allow,
+    /// None: an empty network namespace.
     Deny,
+    /// Only what the allow-list names, through the gateway's egress proxy
+    /// (`network = { allow = [...] }`).
+    Egress(std::sync::Arc<crate::egress::Egress>),
+}
+
+/// As the policy writes it.
+impl Serialize for Network {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        match self {
+            Self::Allow => s.serialize_str("allow"),
+            Self::Deny => s.serialize_str("deny"),
+            Self::Egress(egress) => {
+                let texts: Vec<&str> = egress.entries.iter().map(|d| d.text.as_str()).collect();
+                let mut map = s.serialize_map(Some(1))?;
+                map.serialize_entry("allow", &texts)?;
+                map.end()
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

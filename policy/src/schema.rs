@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
-use crate::model::{ApprovalPolicy, Mode, Network, Risk, SandboxMode};
+use crate::model::{ApprovalPolicy, Mode, Risk, SandboxMode};
 use crate::units;
 
 #[derive(Deserialize)]
@@ -91,7 +91,7 @@ pub(crate) struct RawShell {
     #[serde(default)]
     pub pty: bool,
     #[serde(default)]
-    pub network: Option<Network>,
+    pub network: Option<Spanned<RawNetwork>>,
     #[serde(default)]
     pub max_processes: Option<Spanned<u32>>,
     #[serde(default)]
@@ -218,4 +218,18 @@ impl<'de> Deserialize<'de> for DurationValue {
 enum IntOrText {
     Int(i64),
     Text(String),
+}
+
+/// `network = "allow" | "deny" | { allow = [...] }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawNetwork {
+    Word(String),
+    AllowList(RawAllowList),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAllowList {
+    pub allow: Vec<String>,
 }

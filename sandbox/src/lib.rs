@@ -61,8 +61,11 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod egress;
 mod filters;
 mod world;
+
+pub use egress::{EGRESS_PROXY, EGRESS_SOCKET};
 
 pub use world::hidden_in_etc;
 
@@ -109,6 +112,9 @@ pub struct SandboxArgs {
     ro: Vec<PathBuf>,
     /// No network: see [`network_rules`].
     deny_network: bool,
+    /// The network through the daemon's egress proxy only (`--egress
+    /// DIR`): see [`egress`].
+    egress: Option<PathBuf>,
     /// Make stdin (a terminal) the controlling terminal.
     tty: bool,
     /// Exec only after reading [`RELEASE`] from stdin.
@@ -149,6 +155,10 @@ impl SandboxArgs {
                     parsed.nice = Some(nice.ok_or_else(|| usage("--nice needs N, a nice value"))?);
                 }
                 Some("--deny-network") => parsed.deny_network = true,
+                Some("--egress") => {
+                    let dir = args.next().ok_or_else(|| usage("--egress needs a DIR"))?;
+                    parsed.egress = Some(dir.into());
+                }
                 Some("--etc-looked") => {
                     parsed.hidden.get_or_insert_with(Vec::new);
                 }
@@ -216,7 +226,7 @@ impl SandboxArgs {
             }
         }
         Err(usage(
-            "usage: portcullis-sandbox [--nice N] [--rw DIR]... [--ro DIR]... [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]",
+            "usage: portcullis-sandbox [--nice N] [--rw DIR]... [--ro DIR]... [--deny-network | --egress DIR] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]",
         ))
     }
 }
@@ -293,6 +303,7 @@ fn waiting(flags: &[OsString]) -> ExitCode {
 struct Layout {
     world: bool,
     deny_network: bool,
+    egress: Option<PathBuf>,
     rw: Vec<PathBuf>,
     ro: Vec<PathBuf>,
     /// `--etc-looked` and `--hide`, as for a command.
@@ -303,7 +314,7 @@ impl Layout {
     fn parse(flags: &[OsString]) -> Result<Self, SetupError> {
         let usage = || {
             SetupError::Usage(
-                "usage: portcullis-sandbox --args-on-stdin [--world] [--deny-network] \
+                "usage: portcullis-sandbox --args-on-stdin [--world] [--deny-network | --egress DIR] \
                  [--rw DIR]... [--ro DIR]... [--etc-looked [--hide PATH]...]"
                     .into(),
             )
@@ -314,6 +325,7 @@ impl Layout {
             match flag.to_str() {
                 Some("--world") => layout.world = true,
                 Some("--deny-network") => layout.deny_network = true,
+                Some("--egress") => layout.egress = Some(flags.next().ok_or_else(usage)?.into()),
                 Some("--rw") => layout.rw.push(flags.next().ok_or_else(usage)?.into()),
                 Some("--ro") => layout.ro.push(flags.next().ok_or_else(usage)?.into()),
                 Some("--etc-looked") => {
@@ -333,6 +345,7 @@ impl Layout {
     fn args(&self) -> SandboxArgs {
         SandboxArgs {
             deny_network: self.deny_network,
+            egress: self.egress.clone(),
             rw: self.rw.clone(),
             ro: self.ro.clone(),
             hidden: self.hidden.clone(),
@@ -343,7 +356,10 @@ impl Layout {
     /// Whether `args` ask for this world: never run a command in one made
     /// for another grant.
     fn fits(&self, args: &SandboxArgs) -> bool {
-        self.deny_network == args.deny_network && self.rw == args.rw && self.ro == args.ro
+        self.deny_network == args.deny_network
+            && self.egress == args.egress
+            && self.rw == args.rw
+            && self.ro == args.ro
     }
 }
 
@@ -373,6 +389,8 @@ pub enum SetupError {
     Namespaces(String),
     #[error("a launcher without network was given a command that may use it")]
     NetworkMismatch,
+    #[error("the egress proxy's port inside the command's world: {0}")]
+    EgressPort(std::io::Error),
     #[error("the gateway did not release the command")]
     NotReleased,
     #[error("arguments: {0}")]
@@ -436,6 +454,11 @@ fn run(args: SandboxArgs, raw: &[OsString], prepared: Prepared, in_own_session: 
         && let Err(e) = rustix::process::ioctl_tiocsctty(std::io::stdin())
     {
         return refuse(SetupError::os("the terminal", e.into()));
+    }
+    if args.egress.is_some() && !args.applies(Mechanism::Namespaces) {
+        return refuse(SetupError::Usage(
+            "--egress needs the command's world (namespaces)".into(),
+        ));
     }
     if args.applies(Mechanism::Namespaces) {
         if prepared.network_filtered {
@@ -515,6 +538,11 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
             let _ = rustix::process::setpriority_process(None, nice);
         }
         confine(&args, prepared.network_filtered)?;
+        if args.egress.is_some() {
+            // After `confine`: the bridge's threads inherit its Landlock
+            // ruleset and seccomp filters.
+            egress::bridge()?;
+        }
         args.release(prepared.null)
     });
     if let Err(e) = confined {

@@ -159,7 +159,7 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("--cap-drop"),
         flag("ALL"),
     ]);
-    if args.deny_network {
+    if args.deny_network || args.egress.is_some() {
         push(&[flag("--unshare-net")]);
     }
     for dir in SYSTEM_DIRS {
@@ -188,6 +188,13 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("--tmpfs"),
         flag("/tmp"),
     ]);
+    if let Some(dir) = &args.egress {
+        push(&[
+            flag("--ro-bind"),
+            dir.as_os_str(),
+            flag(crate::egress::INSIDE_DIR),
+        ]);
+    }
     // After /tmp: a root may be below it.
     // A root whose directory is missing is left out, as Landlock leaves
     // it out: the command finds nothing there.

@@ -76,7 +76,7 @@ pub fn serve(config: &Path) -> ExitCode {
         Ok(remembered) => remembered,
         Err(e) => return fail(e),
     };
-    let daemon = Daemon::assemble(&config);
+    let daemon = Daemon::assemble(&config, audit.clone());
     let (providers, instance_id) = (daemon.providers.clone(), daemon.instance_id.clone());
     let mut gateway = Gateway::new(config, key, policy, audit, providers, instance_id);
     gateway.approvals = portcullis::server::approvals::Approvals::new(Some(remembered));

@@ -130,6 +130,18 @@ pub struct Call {
     pub parent: Option<RequestId>,
     /// A long-running request's start entry, on its way to the audit log.
     pub start_entry: StartEntry,
+    /// The session the request came from, as audit entries name it.
+    pub origin: Arc<Origin>,
+}
+
+/// The session a call came from, as its audit entries name it; for
+/// entries a provider writes beside the request's own (each connection a
+/// command makes through the egress proxy).
+#[derive(Debug)]
+pub struct Origin {
+    /// The gateway's session (connection) number.
+    pub connection: u64,
+    pub peer: String,
 }
 
 /// A request's start entry until it is durable. Nothing acts on the host

@@ -33,6 +33,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
+use crate::egress::{CommandLink, Egress, EgressProxy};
 use crate::files::{Encoding, RESPONSE_BUDGET, fit_inline};
 use crate::provider::{
     Call, Gauge, Method, Provider, Reply, StartEntry, no_input, params as provider_params,
@@ -54,6 +55,8 @@ struct State {
     slots: Slots,
     /// Launchers started ahead of need (`pool.rs`).
     launchers: pool::Launchers,
+    /// The proxy of commands with an egress allow-list.
+    egress: Arc<Egress>,
     /// What of `/etc` a command's world covers, and when it was looked at.
     etc: Mutex<Option<(Instant, Arc<[PathBuf]>)>>,
 }
@@ -65,11 +68,12 @@ const ETC_LOOK_EVERY: Duration = Duration::from_secs(5);
 impl Shell {
     /// A shell provider whose started processes live in `processes` (the
     /// keeper and `resource.*` see the same table).
-    pub fn new(processes: process::Processes) -> Self {
+    pub fn new(processes: process::Processes, egress: Arc<Egress>) -> Self {
         Self(Arc::new(State {
             processes,
             slots: Slots::default(),
-            launchers: pool::Launchers::default(),
+            launchers: pool::Launchers::new(egress.clone()),
+            egress,
             etc: Mutex::new(None),
         }))
     }
@@ -215,13 +219,14 @@ fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorB
 
 async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
     let p: ExecParams = params(&call.request)?;
+    let link = CommandLink::of(&call);
     let terms = shell_terms(call.terms)?;
     let io = Io::Piped {
         stdin: p.stdin.is_some(),
     };
     let start_entry = &mut call.start_entry;
     let mut running = shell
-        .spawn(&call.principal, &terms, &p.command, io, start_entry)
+        .spawn(link, &terms, &p.command, io, start_entry)
         .await?;
     let cap = terms.output_limit.min(OUTPUT_CAP as u64) as usize;
     let stdout = tokio::spawn(read_capped(running.child.stdout.take(), cap));
@@ -298,6 +303,8 @@ pub(crate) struct Running {
     /// mechanism); recorded in the audit entry.
     pub sandbox_warning: Option<String>,
     _slot: ProcessSlot,
+    /// Its egress proxy, serving while it runs.
+    _egress: Option<EgressProxy>,
 }
 
 /// What the command's stdin, stdout and stderr are.
@@ -319,16 +326,22 @@ const DEFAULT_TERM: &str = "xterm-256color";
 impl Shell {
     pub(crate) async fn spawn(
         &self,
-        principal: &str,
+        link: CommandLink,
         terms: &ShellTerms,
         command: &[String],
         io: Io<'_>,
         start_entry: &mut StartEntry,
     ) -> Result<Running, ErrorBody> {
-        let slot = self.0.slots.take(principal, terms.max_processes)?;
+        let slot = self.0.slots.take(&link.principal, terms.max_processes)?;
         let hidden = self.hidden_in_etc()?;
-        let launchers = &self.0.launchers;
-        spawn(launchers, slot, terms, command, io, start_entry, hidden).await
+        let started = Start {
+            launchers: &self.0.launchers,
+            egress: &self.0.egress,
+            link,
+            slot,
+            hidden,
+        };
+        spawn(started, terms, command, io, start_entry).await
     }
 }
 
@@ -352,15 +365,59 @@ impl Shell {
     }
 }
 
-async fn spawn(
-    launchers: &pool::Launchers,
+/// What a start takes of the shell provider.
+struct Start<'a> {
+    launchers: &'a pool::Launchers,
+    egress: &'a Arc<Egress>,
+    link: CommandLink,
     slot: ProcessSlot,
+    hidden: Arc<[PathBuf]>,
+}
+
+/// The network a command gets, as the grant asks and the host can give.
+#[derive(Clone, Copy)]
+enum CommandNetwork<'a> {
+    Host,
+    /// None (`network = "deny"`; or an allow-list on a host without
+    /// namespaces, on a best-effort grant).
+    Empty,
+    /// Only the egress proxy, under this allow-list.
+    Proxied(&'a Arc<portcullis_policy::egress::Egress>),
+}
+
+impl<'a> CommandNetwork<'a> {
+    fn of(terms: &'a ShellTerms, world: bool) -> Self {
+        match &terms.network {
+            Network::Allow => Self::Host,
+            Network::Deny => Self::Empty,
+            Network::Egress(rules) if world => Self::Proxied(rules),
+            Network::Egress(_) => Self::Empty,
+        }
+    }
+
+    fn world(self) -> pool::WorldNetwork {
+        match self {
+            Self::Host => pool::WorldNetwork::Host,
+            Self::Empty => pool::WorldNetwork::Empty,
+            Self::Proxied(_) => pool::WorldNetwork::Proxied,
+        }
+    }
+}
+
+async fn spawn(
+    start: Start<'_>,
     terms: &ShellTerms,
     command: &[String],
     io: Io<'_>,
     start_entry: &mut StartEntry,
-    hidden: Arc<[PathBuf]>,
 ) -> Result<Running, ErrorBody> {
+    let Start {
+        launchers,
+        egress,
+        link,
+        slot,
+        hidden,
+    } = start;
     let Some((program, args)) = command.split_first() else {
         return Err(invalid("`command` must name a program"));
     };
@@ -373,37 +430,73 @@ async fn spawn(
     }
     let skip = missing_mechanisms(terms)?;
     let skip_network = skip.iter().any(|(m, _)| *m == Mechanism::Network);
-    let nice = launchers.restored_nice();
-    let launcher_args = launcher_args(terms, &program, args, &io, &skip, nice, &hidden);
+    let world = !skip.iter().any(|(m, _)| *m == Mechanism::Namespaces);
+    let network = CommandNetwork::of(terms, world);
+    let mut sandbox = SandboxSpec {
+        skip: &skip,
+        restored_nice: launchers.restored_nice(),
+        hidden: &hidden,
+        network,
+        egress_dir: None,
+    };
+    let serve = |dir, rules: &Arc<portcullis_policy::egress::Egress>| {
+        egress
+            .serve(dir, rules.clone(), link.clone())
+            .map_err(|e| provider_error(format!("cannot start the command's egress proxy: {e}")))
+    };
     let keep_stdin = matches!(io, Io::Piped { stdin: true });
     let started = Instant::now();
-    let child = match io {
+    let (child, proxy) = match io {
         Io::Piped { .. } => {
             // A launcher that is already waiting (`pool.rs`) reads its
             // arguments from stdin, which then carries the release byte.
-            let deny_network = terms.network == Network::Deny;
-            let kind = match skip.iter().any(|(m, _)| *m == Mechanism::Namespaces) {
-                false => pool::Kind::World {
+            let kind = match world {
+                true => pool::Kind::World {
                     rw: roots(terms, Mode::Rw),
                     ro: roots(terms, Mode::Ro),
-                    deny_network,
+                    network: network.world(),
                     hidden: hidden.clone(),
                 },
-                true => pool::Kind::Plain {
-                    filtered: deny_network && !skip_network,
+                false => pool::Kind::Plain {
+                    filtered: matches!(network, CommandNetwork::Empty) && !skip_network,
                 },
             };
-            let mut child = launchers.take(kind).await?;
+            let pool::Waiting {
+                mut child,
+                egress: dir,
+            } = launchers.take(kind).await?;
+            sandbox.egress_dir = dir.as_ref().map(|d| d.path().to_path_buf());
+            let launcher_args = launcher_args(terms, &program, args, &io, &sandbox);
             if let Some(stdin) = child.stdin.as_mut() {
                 // A launcher that refused has exited; its status says why.
                 let _ = stdin.write_all(&sandbox::encode_args(&launcher_args)).await;
             }
-            child
+            // Before the release: the program finds its proxy serving.
+            let proxy = match (network, dir) {
+                (CommandNetwork::Proxied(rules), Some(dir)) => Some(serve(dir, rules)?),
+                _ => None,
+            };
+            (child, proxy)
         }
         Io::Terminal(pty) => {
+            // Serving before the launcher starts: it runs the program at once.
+            let proxy = match network {
+                CommandNetwork::Proxied(rules) => {
+                    let dir = egress.dir().map_err(|e| {
+                        provider_error(format!("cannot make the command's egress directory: {e}"))
+                    })?;
+                    sandbox.egress_dir = Some(dir.path().to_path_buf());
+                    Some(serve(dir, rules)?)
+                }
+                _ => None,
+            };
             let mut launch = tokio::process::Command::new(launcher_path()?);
-            launch.args(launcher_args);
-            launch.env_clear().envs(&terms.env).current_dir(cwd.path());
+            launch.args(launcher_args(terms, &program, args, &io, &sandbox));
+            launch
+                .env_clear()
+                .envs(&terms.env)
+                .envs(proxy_env(network))
+                .current_dir(cwd.path());
             let [stdin, stdout, stderr] = pty
                 .stdio()
                 .map_err(|e| provider_error(format!("the terminal: {e}")))?;
@@ -419,7 +512,7 @@ async fn spawn(
             // terminal side (dropping `launch` closes ours, so the terminal
             // ends with the child).
             drop(launch);
-            child
+            (child, proxy)
         }
     };
     drop(cwd);
@@ -429,8 +522,14 @@ async fn spawn(
             .iter()
             .map(|(m, reason)| format!("{} ({reason})", m.name()))
             .collect();
+        let egress = match (&terms.network, network) {
+            (Network::Egress(_), CommandNetwork::Empty) => {
+                "; without namespaces the egress allow-list cannot be kept, so it had no network"
+            }
+            _ => "",
+        };
         format!(
-            "ran without {}: this host lacks it and the grant allows best effort",
+            "ran without {}: this host lacks it and the grant allows best effort{egress}",
             missing.join(", ")
         )
     });
@@ -441,11 +540,31 @@ async fn spawn(
         terminal,
         sandbox_warning,
         _slot: slot,
+        _egress: proxy,
     };
     if !terminal {
         running.release(start_entry, keep_stdin).await?;
     }
     Ok(running)
+}
+
+/// What a command's proxy variables point at: the bridge inside its world.
+fn proxy_env(network: CommandNetwork) -> Vec<(&'static str, String)> {
+    if !matches!(network, CommandNetwork::Proxied(_)) {
+        return Vec::new();
+    }
+    let proxy = format!("http://{}", sandbox::EGRESS_PROXY);
+    let local = "localhost,127.0.0.1,::1".to_string();
+    vec![
+        ("HTTP_PROXY", proxy.clone()),
+        ("HTTPS_PROXY", proxy.clone()),
+        ("ALL_PROXY", proxy.clone()),
+        ("http_proxy", proxy.clone()),
+        ("https_proxy", proxy.clone()),
+        ("all_proxy", proxy),
+        ("NO_PROXY", local.clone()),
+        ("no_proxy", local),
+    ]
 }
 
 impl Running {
@@ -719,8 +838,17 @@ pub fn host_sandbox() -> Result<&'static [MechanismSupport], ErrorBody> {
 /// error when the grant requires them, the launcher's `--skip` list when
 /// it allows best effort.
 fn missing_mechanisms(terms: &ShellTerms) -> Result<Vec<(Mechanism, String)>, ErrorBody> {
-    let needed = |m: Mechanism| m != Mechanism::Network || terms.network == Network::Deny;
-    let missing: Vec<(Mechanism, String)> = host_sandbox()?
+    let support = host_sandbox()?;
+    let has = |m: Mechanism| support.iter().any(|(x, s)| *x == m && s.is_ok());
+    // An allow-list needs the network mechanism only where it becomes no
+    // network: without namespaces.
+    let needed = |m: Mechanism| match (m, &terms.network) {
+        (Mechanism::Network, Network::Deny) => true,
+        (Mechanism::Network, Network::Egress(_)) => !has(Mechanism::Namespaces),
+        (Mechanism::Network, Network::Allow) => false,
+        _ => true,
+    };
+    let missing: Vec<(Mechanism, String)> = support
         .iter()
         .filter(|(m, _)| needed(*m))
         .filter_map(|(m, support)| Some((*m, support.clone().err()?.to_string())))
@@ -746,15 +874,32 @@ fn missing_mechanisms(terms: &ShellTerms) -> Result<Vec<(Mechanism, String)>, Er
 /// program. A piped command's launcher, started ahead of need, gets its
 /// environment and working directory here too; a terminal's is started
 /// with them.
+/// The sandbox a command's launcher builds, beyond what the terms say.
+struct SandboxSpec<'a> {
+    /// Mechanisms the host lacks, on a best-effort grant.
+    skip: &'a [(Mechanism, String)],
+    restored_nice: Option<i32>,
+    /// What of `/etc` its world covers.
+    hidden: &'a [PathBuf],
+    network: CommandNetwork<'a>,
+    /// For a `Proxied` network: where its egress socket is.
+    egress_dir: Option<PathBuf>,
+}
+
 fn launcher_args(
     terms: &ShellTerms,
     program: &Path,
     command_args: &[String],
     io: &Io,
-    skip: &[(Mechanism, String)],
-    restored_nice: Option<i32>,
-    hidden: &[PathBuf],
+    sandbox: &SandboxSpec,
 ) -> Vec<OsString> {
+    let SandboxSpec {
+        skip,
+        restored_nice,
+        hidden,
+        network,
+        ref egress_dir,
+    } = *sandbox;
     let mut args: Vec<OsString> = Vec::new();
     for (mechanism, _) in skip {
         args.extend(["--skip".into(), mechanism.name().into()]);
@@ -765,8 +910,10 @@ fn launcher_args(
     for dir in roots(terms, Mode::Ro) {
         args.extend(["--ro".into(), dir.into()]);
     }
-    if terms.network == Network::Deny {
-        args.push("--deny-network".into());
+    match (network, egress_dir) {
+        (CommandNetwork::Empty, _) => args.push("--deny-network".into()),
+        (CommandNetwork::Proxied(_), Some(dir)) => args.extend(["--egress".into(), dir.into()]),
+        _ => {}
     }
     args.push("--etc-looked".into());
     for path in hidden {
@@ -798,6 +945,9 @@ fn launcher_args(
             args.extend(["--nice".into(), nice.to_string().into()]);
         }
         for (name, value) in &terms.env {
+            args.extend(["--env".into(), name.into(), value.into()]);
+        }
+        for (name, value) in proxy_env(network) {
             args.extend(["--env".into(), name.into(), value.into()]);
         }
         if let Some(file) = &terms.cwd {

@@ -42,6 +42,7 @@ use tokio::process::{Child, Command};
 use tokio::runtime::Handle;
 
 use super::{launcher_path, provider_error};
+use crate::egress::{Egress, EgressDir};
 use portcullis_wire::frame::ErrorBody;
 
 /// Idle launchers kept of each kind: enough for commands run one after
@@ -49,6 +50,18 @@ use portcullis_wire::frame::ErrorBody;
 const IDLE: usize = 2;
 /// Kinds kept idle launchers of; the one used longest ago gives way.
 const KINDS: usize = 8;
+
+/// The network of a command's world.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(super) enum WorldNetwork {
+    /// The host's.
+    Host,
+    /// None: its own empty network namespace (`--deny-network`).
+    Empty,
+    /// Its own, whose one way out is the egress proxy (`--egress DIR`, a
+    /// directory of each launcher's own).
+    Proxied,
+}
 
 /// What a launcher prepares while it waits, and so which commands it may
 /// take.
@@ -60,7 +73,7 @@ pub(super) enum Kind {
     World {
         rw: Vec<PathBuf>,
         ro: Vec<PathBuf>,
-        deny_network: bool,
+        network: WorldNetwork,
         /// What of `/etc` it covers: a new look makes a new kind, so no
         /// launcher built before it runs a command after it.
         hidden: Arc<[PathBuf]>,
@@ -71,19 +84,24 @@ pub(super) enum Kind {
 }
 
 impl Kind {
-    /// The flags after `--args-on-stdin`.
-    fn flags(&self) -> Vec<OsString> {
+    /// The flags after `--args-on-stdin`, for a launcher whose egress
+    /// directory (a `Proxied` world's) is `egress`.
+    fn flags(&self, egress: Option<&EgressDir>) -> Vec<OsString> {
         let mut flags: Vec<OsString> = Vec::new();
         match self {
             Self::World {
                 rw,
                 ro,
-                deny_network,
+                network,
                 hidden,
             } => {
                 flags.push("--world".into());
-                if *deny_network {
-                    flags.push("--deny-network".into());
+                match (network, egress) {
+                    (WorldNetwork::Empty, _) => flags.push("--deny-network".into()),
+                    (WorldNetwork::Proxied, Some(dir)) => {
+                        flags.extend(["--egress".into(), dir.path().into()]);
+                    }
+                    _ => {}
                 }
                 for dir in rw {
                     flags.extend(["--rw".into(), dir.into()]);
@@ -103,10 +121,17 @@ impl Kind {
     }
 }
 
+/// A launcher waiting for its arguments, and (a `Proxied` world's) the
+/// directory its egress socket will be made in.
+pub(super) struct Waiting {
+    pub child: Child,
+    pub egress: Option<EgressDir>,
+}
+
 #[derive(Default)]
 struct Pool {
     /// Each kind is topped up once it has been used.
-    idle: HashMap<Kind, Vec<Child>>,
+    idle: HashMap<Kind, Vec<Waiting>>,
     /// Being started in the background.
     starting: HashMap<Kind, usize>,
     /// Kinds by when a launcher was last taken, most recent last.
@@ -131,40 +156,55 @@ fn with_pool<T>(pool: &Mutex<Pool>, f: impl FnOnce(&mut Pool) -> T) -> T {
 
 /// The launchers waiting for their arguments, and the thread that starts
 /// more (made at the first use). The shell provider owns one.
-#[derive(Default)]
 pub(super) struct Launchers {
     pool: Arc<Mutex<Pool>>,
     starter: OnceLock<Starter>,
+    /// Where `Proxied` worlds' socket directories come from.
+    egress: Arc<Egress>,
 }
 
 impl Launchers {
+    pub(super) fn new(egress: Arc<Egress>) -> Self {
+        Self {
+            pool: Arc::default(),
+            starter: OnceLock::new(),
+            egress,
+        }
+    }
+
     /// A launcher waiting for its arguments on stdin: an idle one if there
     /// is one, else one started now — on a blocking thread, since a spawn
     /// waits for the child's exec and would stall every session on this
     /// runtime worker meanwhile. Either way the idle ones are topped up.
-    pub(super) async fn take(&self, kind: Kind) -> Result<Child, ErrorBody> {
+    pub(super) async fn take(&self, kind: Kind) -> Result<Waiting, ErrorBody> {
         let idle = with_pool(&self.pool, |pool| {
             pool.used(&kind);
             let idle = pool.idle.entry(kind.clone()).or_default();
             // One that exited while idle (killed from outside) is dropped.
-            std::iter::from_fn(|| idle.pop())
-                .find_map(|mut child| matches!(child.try_wait(), Ok(None)).then_some(child))
+            std::iter::from_fn(|| idle.pop()).find_map(|mut waiting| {
+                matches!(waiting.child.try_wait(), Ok(None)).then_some(waiting)
+            })
         });
         self.refill(kind.clone());
         match idle {
-            Some(child) => {
-                let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+            Some(waiting) => {
+                let pid = waiting.child.id().and_then(|id| Pid::from_raw(id as i32));
                 if let (Some(nice), Some(pid)) = (self.restored_nice(), pid) {
                     // Its whole group, the world's processes too (the
                     // launcher is the group's leader). Best effort: the
                     // launcher takes it back itself too, where it may.
                     let _ = rustix::process::setpriority_pgrp(Some(pid), nice);
                 }
-                Ok(child)
+                Ok(waiting)
             }
-            None => tokio::task::spawn_blocking(move || start(&kind))
-                .await
-                .unwrap_or_else(|e| Err(provider_error(format!("cannot start the command: {e}")))),
+            None => {
+                let egress = self.egress.clone();
+                tokio::task::spawn_blocking(move || start(&kind, &egress))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(provider_error(format!("cannot start the command: {e}")))
+                    })
+            }
         }
     }
 
@@ -195,14 +235,26 @@ impl Launchers {
     }
 
     fn starter(&self) -> &Starter {
-        self.starter.get_or_init(|| Starter::new(self.pool.clone()))
+        self.starter
+            .get_or_init(|| Starter::new(self.pool.clone(), self.egress.clone()))
     }
 }
 
-fn start(kind: &Kind) -> Result<Child, ErrorBody> {
+fn start(kind: &Kind, egress: &Egress) -> Result<Waiting, ErrorBody> {
+    let dir = match kind {
+        Kind::World {
+            network: WorldNetwork::Proxied,
+            ..
+        } => Some(egress.dir().map_err(|e| {
+            provider_error(format!("cannot make the command's egress directory: {e}"))
+        })?),
+        _ => None,
+    };
     let mut command = Command::new(launcher_path()?);
-    command.arg("--args-on-stdin").args(kind.flags());
     command
+        .arg("--args-on-stdin")
+        .args(kind.flags(dir.as_ref()));
+    let child = command
         .env_clear()
         .current_dir("/")
         .stdin(std::process::Stdio::piped())
@@ -210,7 +262,8 @@ fn start(kind: &Kind) -> Result<Child, ErrorBody> {
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| provider_error(format!("cannot start the command: {e}")))
+        .map_err(|e| provider_error(format!("cannot start the command: {e}")))?;
+    Ok(Waiting { child, egress: dir })
 }
 
 struct Starter {
@@ -226,7 +279,7 @@ const LOWEST_NICE: i32 = 19;
 
 impl Starter {
     /// Starts the thread that fills `pool`.
-    fn new(pool: Arc<Mutex<Pool>>) -> Self {
+    fn new(pool: Arc<Mutex<Pool>>, egress: Arc<Egress>) -> Self {
         let daemon_nice = rustix::process::getpriority_process(None).unwrap_or(0);
         let restored_nice = match can_restore(daemon_nice) {
             Ok(()) => {
@@ -261,7 +314,7 @@ impl Starter {
                         {
                             current = nice;
                         }
-                        let started = start(&kind);
+                        let started = start(&kind, &egress);
                         with_pool(&pool, |pool| {
                             pool.starting.entry(kind.clone()).and_modify(|n| *n -= 1);
                             // A kind pushed out meanwhile keeps none.

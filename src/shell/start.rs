@@ -24,6 +24,7 @@ use super::pty::{self, Pty};
 use super::{
     Io, Shell, drained, exit_result, invalid, params, provider_error, shell_terms, time_limit,
 };
+use crate::egress::CommandLink;
 use crate::files::Encoding;
 use crate::provider::{Call, StartEntry};
 use portcullis_wire::frame::{ErrorBody, ErrorCode};
@@ -96,7 +97,7 @@ async fn launch(
         },
     };
     let mut running = shell
-        .spawn(&call.principal, terms, &p.command, io, start_entry)
+        .spawn(CommandLink::of(call), terms, &p.command, io, start_entry)
         .await?;
     let (stdin_tx, stdin_rx) = mpsc::channel(16);
     if let Some(text) = p.stdin.as_ref().filter(|text| !text.is_empty()) {

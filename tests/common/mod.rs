@@ -322,6 +322,22 @@ impl Gateway {
                 start.record.request_id
             );
         }
+        // Each egress connection that was made was closed in the log too.
+        for start in entries
+            .iter()
+            .filter(|e| e.record.kind == Kind::EgressStart)
+        {
+            assert!(
+                entries.iter().any(|e| e.seq > start.seq
+                    && e.record.kind == Kind::Egress
+                    && e.record.connection == start.record.connection
+                    && e.record.request_id == start.record.request_id
+                    && e.record.destination == start.record.destination
+                    && e.record.status.is_some()),
+                "egress connection {:?} started but never closed",
+                start.record.destination
+            );
+        }
         assert_eq!(
             completed.len(),
             answered,

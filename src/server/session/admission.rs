@@ -364,6 +364,7 @@ impl Session {
             requests: self.requests.clone(),
             parent,
             start_entry,
+            origin: self.origin.clone(),
         };
         let (outbox, done, end_reason) =
             (self.outbox.clone(), done.clone(), self.end_reason.clone());

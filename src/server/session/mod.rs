@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::provider::SessionResources;
-use crate::provider::{Nested, Outbound, Outbox, Requests, Usage};
+use crate::provider::{Nested, Origin, Outbound, Outbox, Requests, Usage};
 use crate::server::peer::Peer;
 use crate::server::state::{Gateway, SessionInfo};
 use portcullis_wire::channel::{ChannelError, RecordSink, RecordSource};
@@ -130,6 +130,10 @@ pub async fn run<R, W>(
     let mut session = Session {
         gateway: gateway.clone(),
         principal,
+        origin: Arc::new(Origin {
+            connection: guard.info.id,
+            peer: guard.info.peer.to_string(),
+        }),
         info: guard.info.clone(),
         outbox: outbox.clone(),
         in_flight: HashMap::new(),
@@ -184,6 +188,8 @@ struct Session {
     resources: SessionResources,
     /// Where this session's running calls send requests of their own.
     requests: Requests,
+    /// Who this session is, for entries providers write of their own.
+    origin: Arc<Origin>,
 }
 
 /// A request being executed.

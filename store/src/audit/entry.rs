@@ -17,6 +17,11 @@ pub enum Kind {
     RequestStart,
     /// Handshake and authentication failures, reloads, revocations.
     Security,
+    /// A connection a command made through the egress proxy, allowed,
+    /// before it is made (`request_id` names the command's request).
+    EgressStart,
+    /// A connection through the egress proxy, when refused or closed.
+    Egress,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +90,9 @@ pub struct Record {
     pub path: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// For an egress connection: `host:port` as the command asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
