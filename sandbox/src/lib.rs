@@ -8,11 +8,11 @@
 //! daemon's 90 MB binary for it cost 1.7 ms more.
 //!
 //! Usage: `portcullis-sandbox [--nice N] [--rw DIR]… [--ro DIR]…
-//! [--deny-network] [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
+//! [--deny-network | --egress DIR] [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
 //! [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
 //! [--cwd-follow-symlinks]] -- PROGRAM [ARG…]`; or
-//! `portcullis-sandbox --args-on-stdin [--world] [--deny-network] [--rw
-//! DIR]… [--ro DIR]…`, which makes its session (with `--world`, the
+//! `portcullis-sandbox --args-on-stdin [--world] [--deny-network | --egress
+//! DIR] [--rw DIR]… [--ro DIR]…`, which makes its session (with `--world`, the
 //! command's world too) and then reads those arguments from stdin
 //! ([`encode_args`]) — how the daemon starts launchers ahead of need
 //! (`pool.rs`); or `portcullis-sandbox --probe`, which reports which
@@ -35,7 +35,9 @@
 //! network (see [`network_rules`]): Landlock's TCP rules and its
 //! abstract-socket scope, in the same ruleset, and a seccomp filter
 //! ([`filters::network`]) that refuses sockets of every family but
-//! `AF_UNIX`; last the filter of calls no command needs
+//! `AF_UNIX`; with `--egress DIR` (an allow-list) a network namespace of
+//! its own too, whose one way out is the daemon's proxy (see [`egress`]);
+//! last the filter of calls no command needs
 //! ([`filters::hardening`]). If the host cannot enforce that (namespaces;
 //! Landlock ABI 3, and 6 for the network; seccomp, which is never skipped)
 //! the launcher refuses to run the program — unless the daemon passed
