@@ -142,7 +142,7 @@ virtual_path = "/workspace/main"
 id = "alice"
 principals = ["alice"]
 fileops = {{ main = "ro" }}
-shell = {{ commands = ["python3"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, network = {{ allow = ["pypi.test:{pypi}", "pypi.test:{tls_port}", "internal.test:{internal}", "127.0.0.2:*"] }} }}
+shell = {{ commands = ["python3"], cwd_roots = ["main"], pty = true, env_set = {{ PATH = "/usr/bin:/bin" }}, network = {{ allow = ["pypi.test:{pypi}", "pypi.test:{tls_port}", "internal.test:{internal}", "127.0.0.2:*"] }} }}
 "#,
             alice = key_b64(&alice_key),
             pypi = pypi.addr.port(),
@@ -371,5 +371,44 @@ async fn without_the_proxy_nothing_leaves_not_even_udp() {
     );
     assert_eq!(w.pypi.connections.load(Ordering::SeqCst), 0);
     assert!(egress_entries(&w.gw).is_empty());
+    w.gw.assert_requests_audited(1);
+}
+
+#[tokio::test]
+async fn a_terminal_s_command_goes_through_its_own_proxy_too() {
+    let w = world().await;
+    let url = format!("http://pypi.test:{}/", w.pypi.addr.port());
+    let request = json!({
+        "command": ["python3", "-c", fetch(&url)],
+        "pty": true,
+        "root_id": "main",
+        "cwd": "",
+    });
+    let mut start = w.alice.start("shell.start", request).await.unwrap();
+    let mut output = Vec::new();
+    while let Ok(Some(item)) = tokio::time::timeout(Duration::from_secs(30), start.next()).await {
+        if let portcullis_client::StreamItem::Chunk { data, .. } = item {
+            output.extend_from_slice(&data);
+        }
+    }
+    let output = String::from_utf8_lossy(&output).to_string();
+    let result = tokio::time::timeout(Duration::from_secs(30), start.response())
+        .await
+        .expect("the terminal's command ends")
+        .unwrap();
+    assert_eq!(result["exit_code"], 0, "{result}: {output}");
+    assert!(output.contains("hello from pypi"), "{output}");
+    assert_eq!(w.pypi.connections.load(Ordering::SeqCst), 1);
+    let destination = format!("pypi.test:{}", w.pypi.addr.port());
+    let closed: Vec<_> = egress_entries(&w.gw)
+        .into_iter()
+        .filter(|e| e.record.kind == Kind::Egress)
+        .collect();
+    assert_eq!(closed.len(), 1, "{closed:#?}");
+    assert_eq!(
+        closed[0].record.destination.as_deref(),
+        Some(destination.as_str())
+    );
+    assert!(closed[0].record.bytes_in > 0);
     w.gw.assert_requests_audited(1);
 }

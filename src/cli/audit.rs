@@ -203,6 +203,9 @@ fn print_rows(entries: &[Entry], json: bool) {
                 } else {
                     ""
                 }
+                + &r.destination
+                    .as_ref()
+                    .map_or(String::new(), |d| format!("  to {d}"))
         );
     }
 }

@@ -870,10 +870,10 @@ fn missing_mechanisms(terms: &ShellTerms) -> Result<Vec<(Mechanism, String)>, Er
     ))
 }
 
-/// The launcher's arguments: the sandbox the terms ask for, then the
-/// program. A piped command's launcher, started ahead of need, gets its
-/// environment and working directory here too; a terminal's is started
-/// with them.
+/// The launcher's arguments: the sandbox the terms ask for, the working
+/// directory, then the program. A piped command's launcher, started ahead
+/// of need, gets its environment here too; a terminal's is started with
+/// it.
 /// The sandbox a command's launcher builds, beyond what the terms say.
 struct SandboxSpec<'a> {
     /// Mechanisms the host lacks, on a best-effort grant.
@@ -950,12 +950,14 @@ fn launcher_args(
         for (name, value) in proxy_env(network) {
             args.extend(["--env".into(), name.into(), value.into()]);
         }
-        if let Some(file) = &terms.cwd {
-            let (root, path) = (file.host_root.clone(), file.path.clone());
-            args.extend(["--cwd".into(), root.into(), path.into()]);
-            if file.follow_symlinks {
-                args.push("--cwd-follow-symlinks".into());
-            }
+    }
+    // A terminal's launcher starts there too, but its world starts at `/`:
+    // the launcher inside changes into it.
+    if let Some(file) = &terms.cwd {
+        let (root, path) = (file.host_root.clone(), file.path.clone());
+        args.extend(["--cwd".into(), root.into(), path.into()]);
+        if file.follow_symlinks {
+            args.push("--cwd-follow-symlinks".into());
         }
     }
     args.extend(["--".into(), program.into()]);
