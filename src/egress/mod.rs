@@ -102,7 +102,9 @@ impl Egress {
     /// sockets go in `egress/` there, emptied now: nothing of an earlier
     /// run is served).
     pub fn new(config: &EgressConfig, state_dir: &Path, audit: AuditLog) -> Arc<Self> {
-        let base = state_dir.join("egress");
+        // Absolute: launchers start in `/`, and bwrap mounts it from there.
+        let base = std::path::absolute(state_dir.join("egress"))
+            .unwrap_or_else(|_| state_dir.join("egress"));
         let _ = std::fs::remove_dir_all(&base);
         Arc::new(Self {
             resolve: config

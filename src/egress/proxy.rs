@@ -163,6 +163,10 @@ async fn forward(cx: Arc<Context>, mut request: Request<Incoming>) -> Response<B
         authority.host().to_string(),
         authority.port_u16().unwrap_or(80),
     );
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let Ok(path) = path.parse() else {
+        return answer(StatusCode::BAD_REQUEST, "the URL's path is not valid");
+    };
     let opened = match open(&cx, "egress.http", &host, port).await {
         Ok(opened) => opened,
         Err(refused) => return refused,
@@ -190,11 +194,7 @@ async fn forward(cx: Arc<Context>, mut request: Request<Incoming>) -> Response<B
         };
         close(&closing, end, &tally, outcome).await;
     });
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    *request.uri_mut() = match path.parse() {
-        Ok(path) => path,
-        Err(_) => return answer(StatusCode::BAD_REQUEST, "the URL's path is not valid"),
-    };
+    *request.uri_mut() = path;
     let headers = request.headers_mut();
     for hop in [
         "proxy-authorization",

@@ -49,7 +49,9 @@ CLI=$REPO/target/release/portcullis
 WORK=$(mktemp -d /var/tmp/portcullis-boot.XXXXXX)
 ROOT=$WORK/root
 NSPAWN_PID=
+WEB_PID=
 cleanup() {
+  if [ -n "$WEB_PID" ]; then kill "$WEB_PID" 2>/dev/null || true; fi
   if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
     kill -TERM "$NSPAWN_PID" 2>/dev/null || true
     for _ in $(seq 1 60); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.5; done
@@ -68,6 +70,15 @@ in_root() { systemd-nspawn -q --register=no --keep-unit -D "$ROOT" "$@"; }
 in_root dpkg -i /var/tmp/portcullis.deb >"$WORK/dpkg.log" 2>&1 || { cat "$WORK/dpkg.log"; die "dpkg -i failed"; }
 grep -q "created the gateway key" "$WORK/dpkg.log" || { cat "$WORK/dpkg.log"; die "postinst made no gateway key"; }
 [ -L "$ROOT/etc/systemd/system/multi-user.target.wants/portcullis.service" ] || die "postinst did not enable the service"
+
+# An "outside" web server for the egress allow-list, on the host's loopback
+# (the container shares it), which the proxy reaches through the unit's
+# IP filter (localhost is allowed).
+WEB_PORT=$((PORT + 1))
+mkdir -p "$WORK/web"
+echo "hello from outside" >"$WORK/web/hello.txt"
+setsid python3 -m http.server --bind 127.0.0.2 --directory "$WORK/web" "$WEB_PORT" >"$WORK/web.log" 2>&1 </dev/null &
+WEB_PID=$!
 
 # The operator's part: a principal (this host's client key), a grant, a
 # tool with a secret, the secret as a credential, the socket on $PORT.
@@ -91,6 +102,11 @@ fileops = { workspace = "rw" }
 shell = { commands = ["echo", "id", "sleep", "nice", "sh"], network = "deny", env_set = { PATH = "/usr/bin:/bin" }, max_processes = 3 }
 tools = { allow = ["greet"] }
 
+[[grant]]
+id = "agent-web"
+principals = ["agent"]
+shell = { commands = ["bash"], network = { allow = ["web.test:$WEB_PORT", "127.0.0.2:$WEB_PORT"] }, env_set = { PATH = "/usr/bin:/bin" } }
+
 [[tool]]
 name = "greet"
 description = "Greets with a secret greeting."
@@ -99,6 +115,11 @@ risk = "low"
 approval_policy = "allow"
 script = "/etc/portcullis/tools/greet.rhai"
 secrets = ["greeting"]
+EOF
+cat >>"$ROOT/etc/portcullis/portcullis.toml" <<EOF
+
+[egress.resolve]
+"web.test" = ["127.0.0.2"]
 EOF
 mkdir -p "$ROOT/etc/portcullis/tools"
 echo 'secret("greeting") + ", " + args.name' >"$ROOT/etc/portcullis/tools/greet.rhai"
@@ -202,6 +223,20 @@ done
 out=$("$CLI" exec "$URL" "${C[@]}" -- nice) || die "exec nice failed"
 [ "$out" = 0 ] || die "a command from the pool runs at nice '$out', not 0"
 say "launchers wait at nice $waiting(the daemon's RLIMIT_NICE is $nice_limit), a command runs at nice $out: ok"
+# Egress through the daemon's proxy, under the unit: a listed name is
+# fetched (bash's /dev/tcp to the proxy variable's port), an unlisted one is
+# refused, and nothing goes straight out.
+fetch='exec 3<>/dev/tcp/127.0.0.1/3128; printf "GET http://%s/hello.txt HTTP/1.0\r\n\r\n" "$1" >&3; cat <&3'
+out=$("$CLI" exec "$URL" "${C[@]}" -- bash -c "$fetch" fetch "web.test:$WEB_PORT") || die "the egress fetch failed: $out"
+echo "$out" | grep -q "hello from outside" || die "the allowed fetch gave: $out"
+out=$("$CLI" exec "$URL" "${C[@]}" -- bash -c "$fetch" fetch "other.test:$WEB_PORT") || die "the refused fetch failed: $out"
+echo "$out" | grep -q "403" || die "an unlisted name was not refused: $out"
+out=$("$CLI" exec "$URL" "${C[@]}" -- bash -c "exec 3<>/dev/tcp/127.0.0.2/$WEB_PORT && echo CONNECTED || echo refused" 2>&1) || true
+echo "$out" | grep -q CONNECTED && die "a command reached the outside server without the proxy"
+egress=$(inside portcullis audit list --json --limit 100 --method 'egress.*') || die "audit list (egress) failed"
+echo "$egress" | grep -q '"kind":"egress_start"' || die "no egress_start entry: $egress"
+echo "$egress" | grep -q '"decision":"blocked"' || die "no refused egress entry: $egress"
+say "egress through the proxy (listed name fetched, unlisted refused, no way around it, audited): ok"
 out=$("$CLI" tool call "$URL" "${C[@]}" greet '{"name": "operator"}') || die "tool call failed"
 echo "$out" | grep -q '\[REDACTED:greeting\], operator' || die "tool call gave '$out' (the credential should be loaded and redacted)"
 echo "$out" | grep -q psst && die "the secret leaked: $out"
