@@ -333,7 +333,7 @@ impl Shell {
         start_entry: &mut StartEntry,
     ) -> Result<Running, ErrorBody> {
         let slot = self.0.slots.take(&link.principal, terms.max_processes)?;
-        let hidden = self.hidden_in_etc()?;
+        let hidden = self.hidden_in_etc().await?;
         let started = Start {
             launchers: &self.0.launchers,
             egress: &self.0.egress,
@@ -350,17 +350,25 @@ impl Shell {
     /// `hidden_in_etc`), looked at again when the last look is older than
     /// `ETC_LOOK_EVERY`: a few milliseconds the launchers no longer spend
     /// each.
-    fn hidden_in_etc(&self) -> Result<Arc<[PathBuf]>, ErrorBody> {
-        let mut etc = self.0.etc.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((at, hidden)) = etc.as_ref()
-            && at.elapsed() < ETC_LOOK_EVERY
-        {
-            return Ok(hidden.clone());
+    async fn hidden_in_etc(&self) -> Result<Arc<[PathBuf]>, ErrorBody> {
+        let fresh = {
+            let etc = self.0.etc.lock().unwrap_or_else(|e| e.into_inner());
+            etc.as_ref()
+                .filter(|(at, _)| at.elapsed() < ETC_LOOK_EVERY)
+                .map(|(_, hidden)| hidden.clone())
+        };
+        if let Some(hidden) = fresh {
+            return Ok(hidden);
         }
-        let hidden: Arc<[PathBuf]> = sandbox::hidden_in_etc()
+        // A walk of a directory tree: off the runtime's workers. Two
+        // requests may both look; either look serves.
+        let hidden: Arc<[PathBuf]> = tokio::task::spawn_blocking(sandbox::hidden_in_etc)
+            .await
+            .map_err(|e| provider_error(format!("the command's world: {e}")))?
             .map_err(|e| provider_error(format!("the command's world: {e}")))?
             .into();
-        *etc = Some((Instant::now(), hidden.clone()));
+        *self.0.etc.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((Instant::now(), hidden.clone()));
         Ok(hidden)
     }
 }
@@ -434,6 +442,7 @@ async fn spawn(
     let network = CommandNetwork::of(terms, world);
     let mut sandbox = SandboxSpec {
         skip: &skip,
+        world,
         restored_nice: launchers.restored_nice(),
         hidden: &hidden,
         network,
@@ -878,6 +887,9 @@ fn missing_mechanisms(terms: &ShellTerms) -> Result<Vec<(Mechanism, String)>, Er
 struct SandboxSpec<'a> {
     /// Mechanisms the host lacks, on a best-effort grant.
     skip: &'a [(Mechanism, String)],
+    /// Whether the command gets a world of its own (the host has
+    /// namespaces).
+    world: bool,
     restored_nice: Option<i32>,
     /// What of `/etc` its world covers.
     hidden: &'a [PathBuf],
@@ -895,6 +907,7 @@ fn launcher_args(
 ) -> Vec<OsString> {
     let SandboxSpec {
         skip,
+        world,
         restored_nice,
         hidden,
         network,
@@ -915,9 +928,12 @@ fn launcher_args(
         (CommandNetwork::Proxied(_), Some(dir)) => args.extend(["--egress".into(), dir.into()]),
         _ => {}
     }
-    args.push("--etc-looked".into());
-    for path in hidden {
-        args.extend(["--hide".into(), path.into()]);
+    if let Io::Terminal(_) = io {
+        // Its launcher makes the world (a piped command's waited in one).
+        args.push("--etc-looked".into());
+        for path in hidden {
+            args.extend(["--hide".into(), path.into()]);
+        }
     }
     let io_flags: &[&str] = match io {
         Io::Terminal(_) => &["--tty"],
@@ -927,7 +943,6 @@ fn launcher_args(
     args.extend(io_flags.iter().map(OsString::from));
     // In its own world the command's processes are counted in its own
     // user namespace, where the launcher inside and bwrap's init are two.
-    let world = !skip.iter().any(|(m, _)| *m == Mechanism::Namespaces);
     let processes = world.then_some(u64::from(terms.max_processes) + WORLD_PROCESSES);
     let limits = [
         ("memory", terms.limits.memory),
