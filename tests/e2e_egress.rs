@@ -51,12 +51,12 @@ fn http_server(ip: &str, name: &'static str) -> Outside {
     Outside { addr, connections }
 }
 
-/// An HTTPS server for `pypi.test` (a self-signed certificate, written to
-/// `cert_path` for the command to trust), on a runtime of its own.
-fn https_server(ip: &str, cert_path: &std::path::Path) -> Outside {
+/// An HTTPS server for `pypi.test`, on a runtime of its own, and its
+/// self-signed certificate (PEM) for the command to trust.
+fn https_server(ip: &str) -> (Outside, String) {
     use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
     let certified = rcgen::generate_simple_self_signed(vec!["pypi.test".to_string()]).unwrap();
-    std::fs::write(cert_path, certified.cert.pem()).unwrap();
+    let pem = certified.cert.pem();
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
         certified.signing_key.serialize_der(),
     ));
@@ -105,7 +105,7 @@ fn https_server(ip: &str, cert_path: &std::path::Path) -> Outside {
             }
         });
     });
-    Outside { addr, connections }
+    (Outside { addr, connections }, pem)
 }
 
 struct World {
@@ -149,9 +149,7 @@ shell = {{ commands = ["python3"], cwd_roots = ["main"], pty = true, env_set = {
             internal = internal.addr.port(),
         )
     };
-    let cert =
-        std::env::temp_dir().join(format!("portcullis-egress-ca-{}.pem", std::process::id()));
-    let tls = https_server("127.0.0.2", &cert);
+    let (tls, cert) = https_server("127.0.0.2");
     let config = r#"
 [egress.resolve]
 "pypi.test" = ["127.0.0.2"]
@@ -159,8 +157,7 @@ shell = {{ commands = ["python3"], cwd_roots = ["main"], pty = true, env_set = {
 "internal.test" = ["127.0.0.3"]
 "#;
     let gw = Gateway::start(&policy(tls.addr.port()), config);
-    std::fs::copy(&cert, gw.dir.join("workspace/ca.pem")).unwrap();
-    let _ = std::fs::remove_file(&cert);
+    std::fs::write(gw.dir.join("workspace/ca.pem"), cert).unwrap();
     let alice = gw.connect(&alice_key).await.unwrap();
     alice.accept_all().await.unwrap();
     World {
