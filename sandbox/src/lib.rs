@@ -1004,4 +1004,22 @@ mod tests {
         assert!(SandboxArgs::parse(early.iter().map(OsString::from)).is_err());
         assert!(SandboxArgs::parse(["--env", "A"].iter().map(OsString::from)).is_err());
     }
+
+    #[test]
+    fn a_world_fits_only_commands_of_its_own_network() {
+        let os = |items: &[&str]| items.iter().map(OsString::from).collect::<Vec<_>>();
+        let layout =
+            Layout::parse(&os(&["--world", "--egress", "/s/egress/3", "--rw", "/w"])).unwrap();
+        let command = |extra: &[&str]| {
+            let mut args = os(extra);
+            args.extend(os(&["--rw", "/w", "--", "/bin/true"]));
+            SandboxArgs::parse(args.into_iter()).unwrap()
+        };
+        assert!(layout.fits(&command(&["--egress", "/s/egress/3"])));
+        // Another command's socket, no proxy, no network.
+        assert!(!layout.fits(&command(&["--egress", "/s/egress/4"])));
+        assert!(!layout.fits(&command(&[])));
+        assert!(!layout.fits(&command(&["--deny-network"])));
+        assert!(Layout::parse(&os(&["--world", "--egress"])).is_err());
+    }
 }
