@@ -924,9 +924,13 @@ fn launcher_args(
         args.extend(["--ro".into(), dir.into()]);
     }
     match (network, egress_dir) {
-        (CommandNetwork::Empty, _) => args.push("--deny-network".into()),
+        (CommandNetwork::Host, _) => {}
         (CommandNetwork::Proxied(_), Some(dir)) => args.extend(["--egress".into(), dir.into()]),
-        _ => {}
+        // Never more network than the grant gives: without its socket's
+        // directory a proxied command gets none.
+        (CommandNetwork::Empty | CommandNetwork::Proxied(_), _) => {
+            args.push("--deny-network".into());
+        }
     }
     if let Io::Terminal(_) = io {
         // Its launcher makes the world (a piped command's waited in one).

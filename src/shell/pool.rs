@@ -18,6 +18,10 @@
 //! the daemon exits, the idle launchers' stdin closes and they exit
 //! without running anything.
 //!
+//! A world whose one way out is the egress proxy gets a directory of its
+//! own for the proxy's socket when its launcher is started ([`Waiting`]);
+//! the daemon listens there once a command takes it.
+//!
 //! Launchers are started by a thread of their own at the lowest CPU
 //! priority (a child starts with its parent thread's nice value), so that
 //! starting the next one does not compete with the command just released:
@@ -97,11 +101,15 @@ impl Kind {
             } => {
                 flags.push("--world".into());
                 match (network, egress) {
-                    (WorldNetwork::Empty, _) => flags.push("--deny-network".into()),
+                    (WorldNetwork::Host, _) => {}
                     (WorldNetwork::Proxied, Some(dir)) => {
                         flags.extend(["--egress".into(), dir.path().into()]);
                     }
-                    _ => {}
+                    // Without its directory a proxied world has no way
+                    // out at all (`start` always makes one).
+                    (WorldNetwork::Empty | WorldNetwork::Proxied, _) => {
+                        flags.push("--deny-network".into());
+                    }
                 }
                 for dir in rw {
                     flags.extend(["--rw".into(), dir.into()]);
