@@ -211,6 +211,16 @@ impl Config {
                  remove the line to keep everything, or give an age such as \"90d\"",
             ));
         }
+        if let Some(bad) = raw
+            .egress
+            .resolve
+            .keys()
+            .find(|name| portcullis_policy::egress::normalize_name(name).is_none())
+        {
+            return Err(value_error(&format!(
+                "`[egress] resolve`: `{bad}` is not a host name"
+            )));
+        }
         let base = path.parent().unwrap_or(Path::new("."));
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         Ok(Self {
@@ -291,5 +301,34 @@ max_entries = 1_000_000
     fn errors_have_positions() {
         let err = Config::parse("listen = []\nbogus = 1\n", Path::new("c.toml")).unwrap_err();
         assert!(err.to_string().contains("c.toml:2:1"), "{err}");
+    }
+
+    #[test]
+    fn egress_resolve_names_must_be_host_names() {
+        let base = "listen = [\"127.0.0.1:0\"]\nkey_file = \"k\"\npolicy = \"p\"\nstate_dir = \"s\"\nadmin_socket = \"a\"\n";
+        let path = Path::new("/etc/portcullis/portcullis.toml");
+        let good = Config::parse(
+            &format!("{base}[egress.resolve]\n\"pypi.test\" = [\"127.0.0.2\"]\n"),
+            path,
+        )
+        .unwrap();
+        assert_eq!(
+            good.egress.resolve["pypi.test"],
+            ["127.0.0.2".parse::<std::net::IpAddr>().unwrap()]
+        );
+        let bad = Config::parse(
+            &format!("{base}[egress.resolve]\n\"a b\" = [\"127.0.0.2\"]\n"),
+            path,
+        );
+        assert!(
+            bad.unwrap_err()
+                .to_string()
+                .contains("`a b` is not a host name")
+        );
+        let not_an_address = Config::parse(
+            &format!("{base}[egress.resolve]\n\"x.test\" = [\"nowhere\"]\n"),
+            path,
+        );
+        assert!(not_an_address.is_err());
     }
 }
