@@ -1,6 +1,7 @@
 //! A command shares nothing with the daemon: tried as an agent would,
 //! with a grant of `sh`, `python3` and `cat`, `network = "deny"` and one
-//! rw root, against the real binary. Each attack must fail, and the host
+//! rw root (bob's: `max_processes = 3`, `max_memory = "64 MiB"`,
+//! `max_cpu = 0.25`), against the real binary. Each attack must fail, and the host
 //! must show it did (nothing changed, nothing left running). These run as
 //! the test's user — root in CI, as the demo daemon does.
 
@@ -37,12 +38,12 @@ virtual_path = "/workspace/main"
 id = "alice"
 principals = ["alice"]
 fileops = {{ main = "rw" }}
-shell = {{ commands = ["sh", "python3", "cat"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, network = "deny", persist = true, max_processes = 2 }}
+shell = {{ commands = ["sh", "python3", "cat"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, network = "deny", persist = true, max_processes = 12 }}
 
 [[grant]]
 id = "bob"
 principals = ["bob"]
-shell = {{ commands = ["sh"], env_set = {{ PATH = "/usr/bin:/bin", GITHUB_TOKEN = "{token}" }}, persist = true }}
+shell = {{ commands = ["sh", "python3"], env_set = {{ PATH = "/usr/bin:/bin", GITHUB_TOKEN = "{token}" }}, persist = true, max_processes = 3, max_memory = "64 MiB", max_cpu = 0.25 }}
 "#,
         alice = key_b64(alice),
         bob = key_b64(bob),
@@ -202,13 +203,14 @@ async fn nothing_a_command_starts_outlives_it() {
     // command itself exits at once.
     let marker = format!("survivor-{}", std::process::id());
     let script = format!(
-        "setsid sleep 300 {marker}-a >/dev/null 2>&1 & \
-         (sleep 300 {marker}-b >/dev/null 2>&1 &) ; \
+        "setsid sh -c 'sleep 300; : {marker}-a' >/dev/null 2>&1 & \
+         (sh -c 'sleep 300; : {marker}-b' >/dev/null 2>&1 &) ; \
          python3 -c 'import os,time; os.setpgid(0,0); time.sleep(300)' {marker}-c >/dev/null 2>&1 & \
-         sleep 0.3; echo started"
+         sleep 0.3; echo started $(ps -e -o args= | grep -c '{marker}-[abc]$')"
     );
     let r = sh(&alice, &script).await;
-    assert_eq!(stdout(&r), "started\n", "{r}");
+    // All three were running when the command exited.
+    assert_eq!(stdout(&r), "started 3\n", "{r}");
     let deadline = Instant::now() + Duration::from_secs(5);
     while !processes_with(&marker).is_empty() {
         assert!(
@@ -221,7 +223,8 @@ async fn nothing_a_command_starts_outlives_it() {
 
     // The same for a command that is cancelled while they run.
     let marker = format!("cancelled-{}", std::process::id());
-    let script = format!("setsid sleep 300 {marker} >/dev/null 2>&1 & echo up; sleep 300");
+    let script =
+        format!("setsid sh -c 'sleep 300; : {marker}' >/dev/null 2>&1 & echo up; sleep 300");
     let command = json!({"command": ["sh", "-c", script], "root_id": "main", "cwd": ""});
     let mut handle = alice.start("shell.start", command).await.unwrap();
     let mut process_id = String::new();
@@ -323,4 +326,171 @@ async fn the_admin_socket_refuses_a_peer_in_another_namespace() {
         status(&["unshare", "--user", "--map-current-user"]),
         "CLOSED"
     );
+}
+
+#[tokio::test]
+async fn max_processes_counts_every_process_setsid_daemons_too_even_as_root() {
+    let Setup { gw: _gw, bob, .. } = setup().await;
+    // Five daemons that leave the command's session: past max_processes =
+    // 3 (python and two more) forks fail, as root too (where the kernel
+    // exempts uid 0 from RLIMIT_NPROC, the command's pids cgroup counts).
+    let program = [
+        "import os, time",
+        "made = refused = 0",
+        "for i in range(5):",
+        "    try:",
+        "        pid = os.fork()",
+        "    except OSError:",
+        "        refused += 1",
+        "        continue",
+        "    if pid == 0:",
+        "        os.setsid(); time.sleep(30); os._exit(0)",
+        "    made += 1",
+        "print(made, refused)",
+    ]
+    .join("\n");
+    let r = bob
+        .request(
+            "shell.exec",
+            json!({"command": ["python3", "-c", program], "timeout_ms": 10000}),
+        )
+        .await
+        .unwrap();
+    // python and two daemons: the other three forks fail.
+    assert_eq!(stdout(&r), "2 3\n", "{r}");
+}
+
+#[tokio::test]
+async fn max_memory_holds_for_the_whole_command() {
+    let Setup { gw: _gw, bob, .. } = setup().await;
+    // 256 MiB touched page by page under max_memory = "64 MiB": the
+    // allocation fails (RLIMIT_AS, where there is no memory cgroup) or the
+    // command is killed (its memory cgroup), and never finishes.
+    let program =
+        "b = bytearray(256 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('ALLOCATED')";
+    let r = bob
+        .request(
+            "shell.exec",
+            json!({"command": ["python3", "-c", program], "timeout_ms": 20000}),
+        )
+        .await
+        .unwrap();
+    assert!(!stdout(&r).contains("ALLOCATED"), "{r}");
+    let killed = r["signal"] == "SIGKILL";
+    let refused = r["stderr"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("MemoryError");
+    assert!(killed || refused, "{r}");
+    eprintln!(
+        "memory limit: {}",
+        if killed {
+            "killed (memory cgroup)"
+        } else {
+            "MemoryError (RLIMIT_AS)"
+        }
+    );
+    // And a command within the limit runs.
+    let r = bob
+        .request(
+            "shell.exec",
+            json!({"command": ["python3", "-c", "b = bytearray(8 << 20); print('fine')"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stdout(&r), "fine\n", "{r}");
+}
+
+/// The cgroup files of `controller` for process `pid`, from
+/// `/proc/PID/cgroup`: its v1 hierarchy's, else the unified one's.
+fn cgroup_dir(pid: u32, controller: &str) -> Option<std::path::PathBuf> {
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let v1 = own.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, list, path) = (parts.next()?, parts.next()?, parts.next()?);
+        list.split(',')
+            .any(|c| c == controller)
+            .then(|| (list.to_string(), path.to_string()))
+    });
+    match v1 {
+        Some((list, path)) => {
+            let mount = [
+                "/sys/fs/cgroup/".to_string() + &list,
+                format!("/sys/fs/cgroup/{controller}"),
+            ]
+            .into_iter()
+            .find(|m| std::path::Path::new(m).is_dir())?;
+            Some(std::path::Path::new(&mount).join(path.trim_start_matches('/')))
+        }
+        None => {
+            let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+            Some(std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')))
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_command_s_cgroup_carries_the_grant_s_limits_and_goes_with_it() {
+    let Setup { gw: _gw, bob, .. } = setup().await;
+    let marker = format!("limited-{}", std::process::id());
+    let start = json!({"command": ["sh", "-c", format!("sleep 30; : {marker}")]});
+    let mut handle = bob.start("shell.start", start).await.unwrap();
+    let id = loop {
+        match handle.next().await {
+            Some(portcullis_client::StreamItem::Stream { event, data }) if event == "started" => {
+                break data["process_id"].as_str().unwrap().to_string();
+            }
+            Some(_) => continue,
+            None => panic!("no started event: {:?}", handle.response().await),
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid = loop {
+        let found = std::fs::read_dir("/proc").unwrap().find_map(|e| {
+            let e = e.ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(&marker)
+                .then_some(pid)
+        });
+        if let Some(pid) = found {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the command did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // max_processes = 3 and the sandbox's four; 64 MiB; a quarter CPU.
+    let read = |controller: &str, files: &[&str]| {
+        let dir = cgroup_dir(pid, controller).unwrap();
+        let value = files
+            .iter()
+            .find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+            .unwrap_or_else(|| panic!("no {files:?} in {}", dir.display()));
+        (dir, value.trim().to_string())
+    };
+    let (pids_dir, pids) = read("pids", &["pids.max"]);
+    assert_eq!(pids, "7", "{}", pids_dir.display());
+    assert!(
+        pids_dir.to_string_lossy().contains("cmd-"),
+        "{}",
+        pids_dir.display()
+    );
+    let (_, memory) = read("memory", &["memory.max", "memory.limit_in_bytes"]);
+    assert_eq!(memory, (64u64 << 20).to_string());
+    let (_, cpu) = read("cpu", &["cpu.max", "cpu.cfs_quota_us"]);
+    assert!(cpu == "25000 100000" || cpu == "25000", "{cpu}");
+    // Cancelled: everything in it is gone, and so is the cgroup.
+    bob.request("shell.cancel", json!({"process_id": id}))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pids_dir.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} outlived its command",
+            pids_dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

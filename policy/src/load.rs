@@ -309,6 +309,25 @@ impl Validator<'_> {
                 format!("grant `{grant}`: max_open_files must be at least 16 (a program needs a few to start)"),
             );
         }
+        let cpu_millis = raw.max_cpu.map(|cpu| {
+            let value = *cpu.get_ref();
+            if !(0.01..=4096.0).contains(&value) {
+                self.error(
+                    cpu.span(),
+                    format!("grant `{grant}`: max_cpu is a number of CPUs from 0.01 to 4096, e.g. 0.5 or 2"),
+                );
+            }
+            (value.clamp(0.01, 4096.0) * 1000.0).round() as u64
+        });
+        let pids = raw.max_pids.map(|pids| {
+            if *pids.get_ref() == 0 {
+                self.error(
+                    pids.span(),
+                    format!("grant `{grant}`: max_pids must be at least 1"),
+                );
+            }
+            pids.into_inner()
+        });
         let survive_revocation = raw.survive_revocation.map(|s| {
             if *s.get_ref() && !raw.persist {
                 self.error(
@@ -353,6 +372,8 @@ impl Validator<'_> {
                 memory: raw.max_memory.map(|s| s.0),
                 file_size: raw.max_file_size.map(|s| s.0),
                 open_files: raw.max_open_files.map(Spanned::into_inner),
+                cpu_millis,
+                pids,
             },
             sandbox: raw.sandbox,
             survive_revocation: survive_revocation.unwrap_or(false),

@@ -99,8 +99,9 @@ pub enum SandboxMode {
     BestEffort,
 }
 
-/// Resource limits (rlimits) every child of a grant runs under; `None` is
-/// the daemon's own limit.
+/// Resource limits every child of a grant runs under (rlimits, and its
+/// cgroup's where the daemon can make one); `None` is no limit of the
+/// grant's own.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessLimits {
     /// Bytes of address space (`RLIMIT_AS`).
@@ -109,6 +110,11 @@ pub struct ProcessLimits {
     pub file_size: Option<u64>,
     /// Open descriptors (`RLIMIT_NOFILE`).
     pub open_files: Option<u64>,
+    /// Thousandths of a CPU the command's cgroup may use (`cpu.max`).
+    pub cpu_millis: Option<u64>,
+    /// Processes and threads the command's cgroup may hold at once
+    /// (`pids.max`; otherwise `max_processes` and the sandbox's own).
+    pub pids: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

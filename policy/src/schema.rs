@@ -105,6 +105,10 @@ pub(crate) struct RawShell {
     #[serde(default)]
     pub max_open_files: Option<Spanned<u64>>,
     #[serde(default)]
+    pub max_cpu: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub max_pids: Option<Spanned<u64>>,
+    #[serde(default)]
     pub sandbox: SandboxMode,
     #[serde(default)]
     pub survive_revocation: Option<Spanned<bool>>,

@@ -23,7 +23,10 @@ pub const EGRESS_SOCKET: &str = "proxy.sock";
 /// Where `--egress DIR` is mounted inside the world.
 pub(crate) const INSIDE_DIR: &str = "/run/portcullis";
 /// Connections bridged at once; more wait in the listen queue.
-const MAX_CONNECTIONS: usize = 256;
+const MAX_CONNECTIONS: usize = 32;
+/// Threads the bridge may run at once (two per connection, and the one
+/// that accepts): they count against the command's `pids` cgroup.
+pub const EGRESS_BRIDGE_TASKS: u64 = 1 + 2 * MAX_CONNECTIONS as u64;
 
 /// Listens on [`EGRESS_PROXY`] and bridges each connection to the daemon's
 /// socket on a thread of its own, for as long as this process lives (the

@@ -7,7 +7,7 @@
 //! is `unsafe`.) The launcher is a small binary of its own: starting the
 //! daemon's 90 MB binary for it cost 1.7 ms more.
 //!
-//! Usage: `portcullis-sandbox [--nice N] [--rw DIR]… [--ro DIR]…
+//! Usage: `portcullis-sandbox [--nice N] [--cgroup DIR]… [--rw DIR]… [--ro DIR]…
 //! [--deny-network | --egress DIR] [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
 //! [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
 //! [--cwd-follow-symlinks]] -- PROGRAM [ARG…]`; or
@@ -20,7 +20,8 @@
 //! daemon asks once. `--inside FD …` is the launcher bwrap starts inside a
 //! world, never the daemon.
 //!
-//! In order: with `--nice` the daemon's CPU priority back (a launcher
+//! In order: with `--cgroup` the command's control groups joined (so all
+//! it starts counts against their limits); with `--nice` the daemon's CPU priority back (a launcher
 //! started ahead of need waits at the lowest, see `pool.rs`); a session
 //! and process group of its own (so the daemon can end the whole group),
 //! with `--tty` its stdin as controlling terminal; the world. Inside it
@@ -67,7 +68,7 @@ mod egress;
 mod filters;
 mod world;
 
-pub use egress::{EGRESS_PROXY, EGRESS_SOCKET};
+pub use egress::{EGRESS_BRIDGE_TASKS, EGRESS_PROXY, EGRESS_SOCKET};
 
 pub use world::hidden_in_etc;
 
@@ -117,6 +118,8 @@ pub struct SandboxArgs {
     /// The network through the daemon's egress proxy only (`--egress
     /// DIR`): see [`egress`].
     egress: Option<PathBuf>,
+    /// Control groups to join first (`--cgroup DIR`): see [`join_cgroups`].
+    cgroups: Vec<PathBuf>,
     /// Make stdin (a terminal) the controlling terminal.
     tty: bool,
     /// Exec only after reading [`RELEASE`] from stdin.
@@ -160,6 +163,10 @@ impl SandboxArgs {
                 Some("--egress") => {
                     let dir = args.next().ok_or_else(|| usage("--egress needs a DIR"))?;
                     parsed.egress = Some(dir.into());
+                }
+                Some("--cgroup") => {
+                    let dir = args.next().ok_or_else(|| usage("--cgroup needs a DIR"))?;
+                    parsed.cgroups.push(dir.into());
                 }
                 Some("--etc-looked") => {
                     parsed.hidden.get_or_insert_with(Vec::new);
@@ -228,7 +235,7 @@ impl SandboxArgs {
             }
         }
         Err(usage(
-            "usage: portcullis-sandbox [--nice N] [--rw DIR]... [--ro DIR]... [--deny-network | --egress DIR] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]",
+            "usage: portcullis-sandbox [--nice N] [--cgroup DIR]... [--rw DIR]... [--ro DIR]... [--deny-network | --egress DIR] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]",
         ))
     }
 }
@@ -274,6 +281,9 @@ fn waiting(flags: &[OsString]) -> ExitCode {
         Ok(layout) => layout,
         Err(e) => return refuse(e),
     };
+    if let Err(e) = join_cgroups(&layout.cgroups) {
+        return refuse(e);
+    }
     if let Err(e) = rustix::process::setsid() {
         return refuse(SetupError::os("setsid", e.into()));
     }
@@ -306,6 +316,7 @@ struct Layout {
     world: bool,
     deny_network: bool,
     egress: Option<PathBuf>,
+    cgroups: Vec<PathBuf>,
     rw: Vec<PathBuf>,
     ro: Vec<PathBuf>,
     /// `--etc-looked` and `--hide`, as for a command.
@@ -316,7 +327,7 @@ impl Layout {
     fn parse(flags: &[OsString]) -> Result<Self, SetupError> {
         let usage = || {
             SetupError::Usage(
-                "usage: portcullis-sandbox --args-on-stdin [--world] [--deny-network | --egress DIR] \
+                "usage: portcullis-sandbox --args-on-stdin [--world] [--deny-network | --egress DIR] [--cgroup DIR]... \
                  [--rw DIR]... [--ro DIR]... [--etc-looked [--hide PATH]...]"
                     .into(),
             )
@@ -328,6 +339,7 @@ impl Layout {
                 Some("--world") => layout.world = true,
                 Some("--deny-network") => layout.deny_network = true,
                 Some("--egress") => layout.egress = Some(flags.next().ok_or_else(usage)?.into()),
+                Some("--cgroup") => layout.cgroups.push(flags.next().ok_or_else(usage)?.into()),
                 Some("--rw") => layout.rw.push(flags.next().ok_or_else(usage)?.into()),
                 Some("--ro") => layout.ro.push(flags.next().ok_or_else(usage)?.into()),
                 Some("--etc-looked") => {
@@ -391,6 +403,11 @@ pub enum SetupError {
     Namespaces(String),
     #[error("a launcher without network was given a command that may use it")]
     NetworkMismatch,
+    #[error("joining the control group {}: {source}", dir.display())]
+    Cgroup {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the egress proxy's port inside the command's world: {0}")]
     EgressPort(std::io::Error),
     #[error("the gateway did not release the command")]
@@ -444,6 +461,9 @@ impl Prepared {
 /// came.
 fn run(args: SandboxArgs, raw: &[OsString], prepared: Prepared, in_own_session: bool) -> ExitCode {
     // Before anything else: the sandbox's own set-up is the command's work.
+    if !in_own_session && let Err(e) = join_cgroups(&args.cgroups) {
+        return refuse(e);
+    }
     if let Some(nice) = args.nice
         && let Err(e) = rustix::process::setpriority_process(None, nice)
     {
@@ -624,6 +644,22 @@ impl SandboxArgs {
             false => Ok(()),
         }
     }
+}
+
+/// Joins the command's control groups (`--cgroup DIR`, one per hierarchy;
+/// the daemon made them and sets their limits), so that this launcher and
+/// everything it starts — bubblewrap, the world, the program — counts
+/// against them and is killed with them.
+fn join_cgroups(dirs: &[PathBuf]) -> Result<(), SetupError> {
+    for dir in dirs {
+        std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string()).map_err(
+            |source| SetupError::Cgroup {
+                dir: dir.clone(),
+                source,
+            },
+        )?;
+    }
+    Ok(())
 }
 
 /// Changes into `--cwd`, opened beneath its root the way the daemon opens

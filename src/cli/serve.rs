@@ -171,6 +171,7 @@ async fn run(
     }
     // Started processes were stopped with the shutdown; let them go first.
     daemon.processes_exited(Duration::from_secs(3)).await;
+    portcullis::shell::host_cgroups().remove_own();
     // Sign the tail of the audit log, so a stopped log is fully covered.
     gateway.audit.checkpoint().await;
     if gateway.sessions.count() > 0 {
@@ -268,5 +269,18 @@ fn log_sandbox_support() {
             }
         }
         Err(e) => warn!("sandbox: {}", e.message),
+    }
+    for (controller, found) in portcullis::shell::host_cgroups().report() {
+        match found {
+            Ok(place) => info!(
+                controller = controller.name(),
+                "cgroups: commands' in {place}"
+            ),
+            Err(why) => info!(
+                controller = controller.name(),
+                "cgroups: no {} controller for commands ({why}); its limits fall back to rlimits where there is one",
+                controller.name()
+            ),
+        }
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! A connection is HTTP CONNECT (TLS only: the ClientHello's server name
 //! must be the CONNECT host) or a plain-HTTP request in absolute form. For
-//! each: the allow-list decides on the name and port ([`policy::egress`]);
+//! each: the allow-list decides on the name and port ([`portcullis_policy::egress`]);
 //! the proxy resolves the name itself (or through `[egress] resolve`), keeps
 //! only addresses the allow-list lets it use (public ones, or private ones an
 //! address entry covers); an `egress_start` entry is durable before the

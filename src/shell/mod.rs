@@ -13,6 +13,7 @@
 //! group (for a terminal, to its whole session): nothing a command started
 //! outlives it.
 
+pub mod cgroup;
 mod pool;
 pub mod process;
 mod pty;
@@ -305,6 +306,9 @@ pub(crate) struct Running {
     _slot: ProcessSlot,
     /// Its egress proxy, serving while it runs.
     _egress: Option<EgressProxy>,
+    /// Its cgroup: all it started is killed, and the cgroup removed, when
+    /// this is dropped.
+    _cgroup: Option<cgroup::CommandCgroup>,
 }
 
 /// What the command's stdin, stdout and stderr are.
@@ -437,6 +441,7 @@ async fn spawn(
         start_entry.wait().await?;
     }
     let skip = missing_mechanisms(terms)?;
+    let unenforced = unenforced_limits(terms)?;
     let skip_network = skip.iter().any(|(m, _)| *m == Mechanism::Network);
     let world = !skip.iter().any(|(m, _)| *m == Mechanism::Namespaces);
     let network = CommandNetwork::of(terms, world);
@@ -447,6 +452,14 @@ async fn spawn(
         hidden: &hidden,
         network,
         egress_dir: None,
+        cgroup_dirs: Vec::new(),
+    };
+    let limits = cgroup_limits(terms, network);
+    let limit = |cgroup: &Option<cgroup::CommandCgroup>| match cgroup {
+        Some(cgroup) => cgroup
+            .limit(limits)
+            .map_err(|e| provider_error(format!("cannot limit the command's cgroup: {e}"))),
+        None => Ok(()),
     };
     let serve = |dir, rules: &Arc<portcullis_policy::egress::Egress>| {
         egress
@@ -455,7 +468,7 @@ async fn spawn(
     };
     let keep_stdin = matches!(io, Io::Piped { stdin: true });
     let started = Instant::now();
-    let (child, proxy) = match io {
+    let (child, proxy, cgroup) = match io {
         Io::Piped { .. } => {
             // A launcher that is already waiting (`pool.rs`) reads its
             // arguments from stdin, which then carries the release byte.
@@ -473,7 +486,10 @@ async fn spawn(
             let pool::Waiting {
                 mut child,
                 egress: dir,
+                cgroup,
             } = launchers.take(kind).await?;
+            // Before the release: the program starts inside the limits.
+            limit(&cgroup)?;
             sandbox.egress_dir = dir.as_ref().map(|d| d.path().to_path_buf());
             let launcher_args = launcher_args(terms, &program, args, &io, &sandbox);
             if let Some(stdin) = child.stdin.as_mut() {
@@ -485,7 +501,7 @@ async fn spawn(
                 (CommandNetwork::Proxied(rules), Some(dir)) => Some(serve(dir, rules)?),
                 _ => None,
             };
-            (child, proxy)
+            (child, proxy, cgroup)
         }
         Io::Terminal(pty) => {
             // Serving before the launcher starts: it runs the program at once.
@@ -499,6 +515,16 @@ async fn spawn(
                 }
                 _ => None,
             };
+            // Limited before the launcher joins it, first thing.
+            let cgroup = host_cgroups()
+                .make()
+                .map_err(|e| provider_error(format!("cannot make the command's cgroup: {e}")))?;
+            limit(&cgroup)?;
+            sandbox.cgroup_dirs = cgroup
+                .iter()
+                .flat_map(cgroup::CommandCgroup::dirs)
+                .map(Path::to_path_buf)
+                .collect();
             let mut launch = tokio::process::Command::new(launcher_path()?);
             launch.args(launcher_args(terms, &program, args, &io, &sandbox));
             launch
@@ -521,15 +547,16 @@ async fn spawn(
             // terminal side (dropping `launch` closes ours, so the terminal
             // ends with the child).
             drop(launch);
-            (child, proxy)
+            (child, proxy, cgroup)
         }
     };
     drop(cwd);
     let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
-    let sandbox_warning = (!skip.is_empty()).then(|| {
+    let sandbox_warning = (!skip.is_empty() || !unenforced.is_empty()).then(|| {
         let missing: Vec<String> = skip
             .iter()
             .map(|(m, reason)| format!("{} ({reason})", m.name()))
+            .chain(unenforced.iter().cloned())
             .collect();
         let egress = match (&terms.network, network) {
             (Network::Egress(_), CommandNetwork::Empty) => {
@@ -550,6 +577,7 @@ async fn spawn(
         sandbox_warning,
         _slot: slot,
         _egress: proxy,
+        _cgroup: cgroup,
     };
     if !terminal {
         running.release(start_entry, keep_stdin).await?;
@@ -896,6 +924,9 @@ struct SandboxSpec<'a> {
     network: CommandNetwork<'a>,
     /// For a `Proxied` network: where its egress socket is.
     egress_dir: Option<PathBuf>,
+    /// The cgroups a terminal's launcher joins (a piped command's joined
+    /// them while it waited).
+    cgroup_dirs: Vec<PathBuf>,
 }
 
 fn launcher_args(
@@ -912,8 +943,12 @@ fn launcher_args(
         hidden,
         network,
         ref egress_dir,
+        ref cgroup_dirs,
     } = *sandbox;
     let mut args: Vec<OsString> = Vec::new();
+    for dir in cgroup_dirs {
+        args.extend(["--cgroup".into(), dir.into()]);
+    }
     for (mechanism, _) in skip {
         args.extend(["--skip".into(), mechanism.name().into()]);
     }
@@ -947,9 +982,15 @@ fn launcher_args(
     args.extend(io_flags.iter().map(OsString::from));
     // In its own world the command's processes are counted in its own
     // user namespace, where the launcher inside and bwrap's init are two.
-    let processes = world.then_some(u64::from(terms.max_processes) + WORLD_PROCESSES);
+    let max_processes = u64::from(terms.max_processes).min(terms.limits.pids.unwrap_or(u64::MAX));
+    let processes = world.then_some(max_processes + WORLD_PROCESSES);
+    // A memory cgroup takes `max_memory`; RLIMIT_AS only where there is none.
+    let memory = terms
+        .limits
+        .memory
+        .filter(|_| !host_cgroups().has(cgroup::Controller::Memory));
     let limits = [
-        ("memory", terms.limits.memory),
+        ("memory", memory),
         ("file_size", terms.limits.file_size),
         ("open_files", terms.limits.open_files),
         ("processes", processes),
@@ -987,6 +1028,60 @@ fn launcher_args(
 /// Processes of a command's world that are not the command's: bwrap's
 /// init and the launcher inside.
 const WORLD_PROCESSES: u64 = 2;
+/// Processes in a command's cgroup that are not the command's: the
+/// launcher, bwrap's monitor and init, the launcher inside.
+const CGROUP_PROCESSES: u64 = 4;
+
+/// This host's cgroups for commands (looked for once; see `cgroup.rs`).
+pub fn host_cgroups() -> &'static cgroup::Cgroups {
+    static CGROUPS: OnceLock<cgroup::Cgroups> = OnceLock::new();
+    CGROUPS.get_or_init(cgroup::Cgroups::detect)
+}
+
+/// The grant's limits as a command's cgroup takes them: `max_pids` (else
+/// `max_processes`) beside the sandbox's own processes (and, with an
+/// egress allow-list, the bridge's threads), `max_memory`, `max_cpu`.
+fn cgroup_limits(terms: &ShellTerms, network: CommandNetwork) -> cgroup::Limits {
+    let bridge = match network {
+        CommandNetwork::Proxied(_) => sandbox::EGRESS_BRIDGE_TASKS,
+        _ => 0,
+    };
+    let own = terms.limits.pids.unwrap_or(u64::from(terms.max_processes));
+    cgroup::Limits {
+        pids: Some(own + CGROUP_PROCESSES + bridge),
+        memory: terms.limits.memory,
+        cpu_millis: terms.limits.cpu_millis,
+    }
+}
+
+/// Grant limits this host cannot enforce (only `max_cpu` has no rlimit to
+/// fall back on): an error when the grant requires its sandbox, what to
+/// warn of when it allows best effort.
+fn unenforced_limits(terms: &ShellTerms) -> Result<Vec<String>, ErrorBody> {
+    let cgroups = host_cgroups();
+    if terms.limits.cpu_millis.is_none() || cgroups.has(cgroup::Controller::Cpu) {
+        return Ok(Vec::new());
+    }
+    let why = cgroups
+        .report()
+        .into_iter()
+        .find_map(|(c, found)| {
+            (c == cgroup::Controller::Cpu)
+                .then(|| found.err())
+                .flatten()
+        })
+        .unwrap_or_default();
+    match terms.sandbox {
+        SandboxMode::BestEffort => Ok(vec![format!("max_cpu (no cpu cgroup controller: {why})")]),
+        SandboxMode::Require => Err(ErrorBody::new(
+            ErrorCode::CapabilityUnavailable,
+            format!(
+                "the grant's max_cpu needs a cpu cgroup controller, which this host does not give \
+                 the gateway ({why}); nothing was run (delegate one, or set sandbox = \"best_effort\")"
+            ),
+        )),
+    }
+}
 
 /// The grant's roots of one mode, in the policy's order.
 fn roots(terms: &ShellTerms, mode: Mode) -> Vec<PathBuf> {

@@ -45,6 +45,7 @@ use rustix::process::Pid;
 use tokio::process::{Child, Command};
 use tokio::runtime::Handle;
 
+use super::cgroup::CommandCgroup;
 use super::{launcher_path, provider_error};
 use crate::egress::{Egress, EgressDir};
 use portcullis_wire::frame::ErrorBody;
@@ -89,9 +90,13 @@ pub(super) enum Kind {
 
 impl Kind {
     /// The flags after `--args-on-stdin`, for a launcher whose egress
-    /// directory (a `Proxied` world's) is `egress`.
-    fn flags(&self, egress: Option<&EgressDir>) -> Vec<OsString> {
+    /// directory (a `Proxied` world's) is `egress` and whose cgroup is
+    /// `cgroup`.
+    fn flags(&self, egress: Option<&EgressDir>, cgroup: Option<&CommandCgroup>) -> Vec<OsString> {
         let mut flags: Vec<OsString> = Vec::new();
+        for dir in cgroup.into_iter().flat_map(CommandCgroup::dirs) {
+            flags.extend(["--cgroup".into(), dir.into()]);
+        }
         match self {
             Self::World {
                 rw,
@@ -134,6 +139,8 @@ impl Kind {
 pub(super) struct Waiting {
     pub child: Child,
     pub egress: Option<EgressDir>,
+    /// The cgroup it joined first thing, where the host has cgroups.
+    pub cgroup: Option<CommandCgroup>,
 }
 
 #[derive(Default)]
@@ -258,10 +265,13 @@ fn start(kind: &Kind, egress: &Egress) -> Result<Waiting, ErrorBody> {
         })?),
         _ => None,
     };
+    let cgroup = super::host_cgroups()
+        .make()
+        .map_err(|e| provider_error(format!("cannot make the command's cgroup: {e}")))?;
     let mut command = Command::new(launcher_path()?);
     command
         .arg("--args-on-stdin")
-        .args(kind.flags(dir.as_ref()));
+        .args(kind.flags(dir.as_ref(), cgroup.as_ref()));
     let child = command
         .env_clear()
         .current_dir("/")
@@ -271,7 +281,11 @@ fn start(kind: &Kind, egress: &Egress) -> Result<Waiting, ErrorBody> {
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| provider_error(format!("cannot start the command: {e}")))?;
-    Ok(Waiting { child, egress: dir })
+    Ok(Waiting {
+        child,
+        egress: dir,
+        cgroup,
+    })
 }
 
 struct Starter {

@@ -412,9 +412,14 @@ impl Session {
                             Response::err(id.clone(), error)
                         }
                     };
+                    // The id is free before the answer leaves: a peer that
+                    // reuses it once answered finds it free (the loop
+                    // takes this before the next record).
+                    let _ = done.send(Inbox::Done(id.clone()));
                     let _ = outbox
                         .send(Outbound::Frame(Frame::Response(response)))
                         .await;
+                    return;
                 }
                 AnswerTo::Caller { answer, .. } => {
                     let answered = match submit(&gateway, record) {

@@ -313,6 +313,9 @@ impl Session {
                     }
                     Ok(plaintext) => {
                         pinged = false;
+                        // Ids freed by answers already sent first: the peer
+                        // may reuse one in this record.
+                        self.drain_inbox(&mut done_rx, &done_tx, draining).await;
                         self.handle_record(plaintext, &done_tx, draining).await;
                         // Answers sent meanwhile free their ids here, not
                         // in a turn of their own.
