@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Gateway, key_b64};
+use common::Gateway;
 use portcullis_client::Client;
 use portcullis_crypto::StaticKeypair;
 use portcullis_store::{Decision, Kind};
@@ -128,23 +128,14 @@ async fn world() -> World {
     let internal = http_server("127.0.0.3", "internal");
     let policy = |tls_port: u16| {
         format!(
-            r#"
-[[principal]]
-id = "alice"
-public_key = "{alice}"
-
-[[root]]
-id = "main"
-path = "GWDIR/workspace"
-virtual_path = "/workspace/main"
-
+            r#"{preamble}
 [[grant]]
 id = "alice"
 principals = ["alice"]
 fileops = {{ main = "ro" }}
 shell = {{ commands = ["python3"], cwd_roots = ["main"], pty = true, env_set = {{ PATH = "/usr/bin:/bin" }}, network = {{ allow = ["pypi.test:{pypi}", "pypi.test:{tls_port}", "internal.test:{internal}", "127.0.0.2:*"] }} }}
 "#,
-            alice = key_b64(&alice_key),
+            preamble = common::principal("alice", &alice_key) + common::MAIN_ROOT,
             pypi = pypi.addr.port(),
             internal = internal.addr.port(),
         )

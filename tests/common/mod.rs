@@ -272,6 +272,19 @@ pub fn key_b64(key: &StaticKeypair) -> String {
     key.public().to_base64()
 }
 
+/// A `[[principal]]` table: `id`, authenticated by `key`.
+pub fn principal(id: &str, key: &StaticKeypair) -> String {
+    format!(
+        "[[principal]]\nid = \"{id}\"\npublic_key = \"{}\"\n\n",
+        key_b64(key)
+    )
+}
+
+/// The root most tests grant: `main`, the gateway's `workspace`
+/// directory, seen as `/workspace/main`.
+pub const MAIN_ROOT: &str =
+    "[[root]]\nid = \"main\"\npath = \"GWDIR/workspace\"\nvirtual_path = \"/workspace/main\"\n\n";
+
 /// A policy with one principal, `alice` (this key), granted `resources`:
 /// the one capability a provider serves today.
 pub fn alice_policy(alice: &StaticKeypair) -> String {
