@@ -38,7 +38,7 @@ virtual_path = "/workspace/main"
 id = "alice"
 principals = ["alice"]
 fileops = {{ main = "rw" }}
-shell = {{ commands = ["sh", "python3", "cat"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, network = "deny", persist = true, max_processes = 12 }}
+shell = {{ commands = ["sh", "python3", "cat"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, network = "deny", persist = true, pty = true, max_processes = 12 }}
 
 [[grant]]
 id = "bob"
@@ -490,6 +490,41 @@ async fn a_command_s_cgroup_carries_the_grant_s_limits_and_goes_with_it() {
             Instant::now() < deadline,
             "{} outlived its command",
             pids_dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn nothing_runs_on_when_the_daemon_is_killed() {
+    let Setup { gw, alice, .. } = setup().await;
+    // A persistent command (from the pool), one started while the pool
+    // was busy, and a terminal's: SIGKILL to the daemon ends them all, and
+    // what they started, within moments: nothing runs on unaudited.
+    let marker = format!("orphan-{}", std::process::id());
+    for (i, pty) in [(0, false), (1, false), (2, true)] {
+        let script =
+            format!("setsid sh -c 'sleep 300; : {marker}-{i}x' & sleep 300; : {marker}-{i}");
+        let start =
+            json!({"command": ["sh", "-c", script], "pty": pty, "root_id": "main", "cwd": ""});
+        let _ = alice.start("shell.start", start).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while processes_with(&marker).len() < 6 {
+        assert!(
+            Instant::now() < deadline,
+            "the commands did not start: {:?}",
+            processes_with(&marker)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gw.signal("KILL");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !processes_with(&marker).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "outlived the daemon: {:?}",
+            processes_with(&marker)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -253,12 +253,18 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Some("--args-on-stdin") => waiting(&args[1..]),
+        Some("--args-on-stdin") => match die_with_the_daemon() {
+            Ok(()) => waiting(&args[1..]),
+            Err(e) => refuse(e),
+        },
         Some("--inside") => match args.get(1).and_then(|fd| fd.to_str()) {
             Some(stdin_fd) => inside(stdin_fd, &args[2..]),
             None => refuse(SetupError::Usage("--inside needs FD".into())),
         },
-        _ => match SandboxArgs::parse(args.iter().cloned()) {
+        _ => match SandboxArgs::parse(args.iter().cloned()).and_then(|parsed| {
+            die_with_the_daemon()?;
+            Ok(parsed)
+        }) {
             Ok(parsed) => match Prepared::new(false) {
                 Ok(prepared) => run(parsed, &args, prepared, false),
                 Err(e) => refuse(e),
@@ -266,6 +272,24 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
             Err(e) => refuse(e),
         },
     }
+}
+
+/// A launcher (the daemon's child) is killed when the daemon dies, even by
+/// SIGKILL: its world dies with it (bwrap's `--die-with-parent`), and so
+/// does the command, which must not run on unaudited. The signal comes
+/// when the *thread* that started the launcher ends, so the daemon starts
+/// launchers only from threads that live as long as it does (`pool.rs`).
+/// A daemon already gone (this process was adopted) is the same.
+fn die_with_the_daemon() -> Result<(), SetupError> {
+    let parent = rustix::process::getppid();
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(|e| SetupError::os("the parent-death signal", e.into()))?;
+    if rustix::process::getppid() != parent || parent.is_none_or(|p| p.is_init()) {
+        return Err(SetupError::Usage(
+            "the gateway that started this launcher is gone".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// `--args-on-stdin [--world] [--deny-network] [--rw DIR]… [--ro DIR]…`:

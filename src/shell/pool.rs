@@ -213,12 +213,18 @@ impl Launchers {
                 Ok(waiting)
             }
             None => {
-                let egress = self.egress.clone();
-                tokio::task::spawn_blocking(move || start(&kind, &egress))
-                    .await
-                    .unwrap_or_else(|e| {
-                        Err(provider_error(format!("cannot start the command: {e}")))
-                    })
+                let (answer, started) = tokio::sync::oneshot::channel();
+                let asked = self.starter().now.send((kind, Handle::current(), answer));
+                match asked {
+                    Ok(()) => started.await.unwrap_or_else(|_| {
+                        Err(provider_error(
+                            "cannot start the command: the launcher thread ended",
+                        ))
+                    }),
+                    Err(_) => Err(provider_error(
+                        "cannot start the command: the launcher thread ended",
+                    )),
+                }
             }
         }
     }
@@ -292,8 +298,17 @@ struct Starter {
     /// How many launchers of which kind to start, and the runtime their
     /// `Child` lives in. Dropping it ends the thread.
     requests: mpsc::Sender<(usize, Kind, Handle)>,
+    /// One launcher to start at once, for a command waiting for it (the
+    /// pool ran dry), on a thread of its own at the daemon's priority.
+    now: mpsc::Sender<StartNow>,
     restored_nice: Option<i32>,
 }
+
+type StartNow = (
+    Kind,
+    Handle,
+    tokio::sync::oneshot::Sender<Result<Waiting, ErrorBody>>,
+);
 
 /// The lowest priority: the scheduler gives it the cores only when
 /// nothing else wants them.
@@ -302,6 +317,7 @@ const LOWEST_NICE: i32 = 19;
 impl Starter {
     /// Starts the thread that fills `pool`.
     fn new(pool: Arc<Mutex<Pool>>, egress: Arc<Egress>) -> Self {
+        let egress_now = egress.clone();
         let daemon_nice = rustix::process::getpriority_process(None).unwrap_or(0);
         let restored_nice = match can_restore(daemon_nice) {
             Ok(()) => {
@@ -353,8 +369,24 @@ impl Starter {
         if let Err(e) = thread {
             tracing::warn!("cannot start the launcher-starter thread: {e}");
         }
+        // Launchers are started only from these two threads, which live
+        // as long as the daemon: a launcher dies when the thread that
+        // started it ends (its parent-death signal, see the sandbox crate).
+        let (now, urgent) = mpsc::channel::<StartNow>();
+        let urgent_thread = std::thread::Builder::new()
+            .name("launcher-now".into())
+            .spawn(move || {
+                for (kind, runtime, answer) in urgent {
+                    let _entered = runtime.enter();
+                    let _ = answer.send(start(&kind, &egress_now));
+                }
+            });
+        if let Err(e) = urgent_thread {
+            tracing::warn!("cannot start the launcher-now thread: {e}");
+        }
         Self {
             requests,
+            now,
             restored_nice,
         }
     }
