@@ -20,8 +20,10 @@
 //! daemon asks once. `--inside FD …` is the launcher bwrap starts inside a
 //! world, never the daemon.
 //!
-//! In order: with `--cgroup` the command's control groups joined (so all
-//! it starts counts against their limits); with `--nice` the daemon's CPU priority back (a launcher
+//! In order: a parent-death signal (the launcher, its world and the
+//! command die with the daemon, see [`die_with_the_daemon`]); with
+//! `--cgroup` the command's control groups joined (so all it starts counts
+//! against their limits); with `--nice` the daemon's CPU priority back (a launcher
 //! started ahead of need waits at the lowest, see `pool.rs`); a session
 //! and process group of its own (so the daemon can end the whole group),
 //! with `--tty` its stdin as controlling terminal; the world. Inside it
