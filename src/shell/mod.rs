@@ -981,9 +981,10 @@ fn launcher_args(
     };
     args.extend(io_flags.iter().map(OsString::from));
     // In its own world the command's processes are counted in its own
-    // user namespace, where the launcher inside and bwrap's init are two.
+    // user namespace, where the launcher inside and bwrap's init are two,
+    // and (RLIMIT_NPROC counts threads) the egress bridge's threads.
     let max_processes = u64::from(terms.max_processes).min(terms.limits.pids.unwrap_or(u64::MAX));
-    let processes = world.then_some(max_processes + WORLD_PROCESSES);
+    let processes = world.then_some(max_processes + WORLD_PROCESSES + bridge_tasks(network));
     // A memory cgroup takes `max_memory`; RLIMIT_AS only where there is none.
     let memory = terms
         .limits
@@ -1042,15 +1043,20 @@ pub fn host_cgroups() -> &'static cgroup::Cgroups {
 /// `max_processes`) beside the sandbox's own processes (and, with an
 /// egress allow-list, the bridge's threads), `max_memory`, `max_cpu`.
 fn cgroup_limits(terms: &ShellTerms, network: CommandNetwork) -> cgroup::Limits {
-    let bridge = match network {
-        CommandNetwork::Proxied(_) => sandbox::EGRESS_BRIDGE_TASKS,
-        _ => 0,
-    };
     let own = terms.limits.pids.unwrap_or(u64::from(terms.max_processes));
     cgroup::Limits {
-        pids: Some(own + CGROUP_PROCESSES + bridge),
+        pids: Some(own + CGROUP_PROCESSES + bridge_tasks(network)),
         memory: terms.limits.memory,
         cpu_millis: terms.limits.cpu_millis,
+    }
+}
+
+/// Threads of the egress bridge in a command's world, counted beside its
+/// own processes.
+fn bridge_tasks(network: CommandNetwork) -> u64 {
+    match network {
+        CommandNetwork::Proxied(_) => sandbox::EGRESS_BRIDGE_TASKS,
+        _ => 0,
     }
 }
 
