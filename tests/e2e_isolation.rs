@@ -446,14 +446,7 @@ async fn a_command_s_cgroup_carries_the_grant_s_limits_and_goes_with_it() {
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     let pid = loop {
-        let found = std::fs::read_dir("/proc").unwrap().find_map(|e| {
-            let e = e.ok()?;
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            String::from_utf8_lossy(&cmdline)
-                .contains(&marker)
-                .then_some(pid)
-        });
+        let found = common::pid_with(&marker);
         if let Some(pid) = found {
             break pid;
         }

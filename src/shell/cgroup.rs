@@ -174,6 +174,11 @@ impl Cgroups {
         }
     }
 
+    /// Why `controller` is missing, when it is.
+    pub fn missing(&self, controller: Controller) -> Option<&str> {
+        self.missing.get(&controller).map(String::as_str)
+    }
+
     pub fn has(&self, controller: Controller) -> bool {
         self.places.contains_key(&controller)
     }

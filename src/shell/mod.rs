@@ -507,18 +507,14 @@ async fn spawn(
             // Serving before the launcher starts: it runs the program at once.
             let proxy = match network {
                 CommandNetwork::Proxied(rules) => {
-                    let dir = egress.dir().map_err(|e| {
-                        provider_error(format!("cannot make the command's egress directory: {e}"))
-                    })?;
+                    let dir = egress_dir(egress)?;
                     sandbox.egress_dir = Some(dir.path().to_path_buf());
                     Some(serve(dir, rules)?)
                 }
                 _ => None,
             };
             // Limited before the launcher joins it, first thing.
-            let cgroup = host_cgroups()
-                .make()
-                .map_err(|e| provider_error(format!("cannot make the command's cgroup: {e}")))?;
+            let cgroup = command_cgroup()?;
             limit(&cgroup)?;
             sandbox.cgroup_dirs = cgroup
                 .iter()
@@ -1039,6 +1035,20 @@ pub fn host_cgroups() -> &'static cgroup::Cgroups {
     CGROUPS.get_or_init(cgroup::Cgroups::detect)
 }
 
+/// A new cgroup for one command (none where the host gives none).
+fn command_cgroup() -> Result<Option<cgroup::CommandCgroup>, ErrorBody> {
+    host_cgroups()
+        .make()
+        .map_err(|e| provider_error(format!("cannot make the command's cgroup: {e}")))
+}
+
+/// A directory for one command's egress socket.
+fn egress_dir(egress: &Egress) -> Result<crate::egress::EgressDir, ErrorBody> {
+    egress
+        .dir()
+        .map_err(|e| provider_error(format!("cannot make the command's egress directory: {e}")))
+}
+
 /// The grant's limits as a command's cgroup takes them: `max_pids` (else
 /// `max_processes`) beside the sandbox's own processes (and, with an
 /// egress allow-list, the bridge's threads), `max_memory`, `max_cpu`.
@@ -1068,15 +1078,7 @@ fn unenforced_limits(terms: &ShellTerms) -> Result<Vec<String>, ErrorBody> {
     if terms.limits.cpu_millis.is_none() || cgroups.has(cgroup::Controller::Cpu) {
         return Ok(Vec::new());
     }
-    let why = cgroups
-        .report()
-        .into_iter()
-        .find_map(|(c, found)| {
-            (c == cgroup::Controller::Cpu)
-                .then(|| found.err())
-                .flatten()
-        })
-        .unwrap_or_default();
+    let why = cgroups.missing(cgroup::Controller::Cpu).unwrap_or_default();
     match terms.sandbox {
         SandboxMode::BestEffort => Ok(vec![format!("max_cpu (no cpu cgroup controller: {why})")]),
         SandboxMode::Require => Err(ErrorBody::new(

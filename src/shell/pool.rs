@@ -266,14 +266,10 @@ fn start(kind: &Kind, egress: &Egress) -> Result<Waiting, ErrorBody> {
         Kind::World {
             network: WorldNetwork::Proxied,
             ..
-        } => Some(egress.dir().map_err(|e| {
-            provider_error(format!("cannot make the command's egress directory: {e}"))
-        })?),
+        } => Some(super::egress_dir(egress)?),
         _ => None,
     };
-    let cgroup = super::host_cgroups()
-        .make()
-        .map_err(|e| provider_error(format!("cannot make the command's cgroup: {e}")))?;
+    let cgroup = super::command_cgroup()?;
     let mut command = Command::new(launcher_path()?);
     command
         .arg("--args-on-stdin")

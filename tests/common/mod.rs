@@ -374,6 +374,18 @@ impl Gateway {
     }
 }
 
+/// A process on this host whose command line contains `marker`.
+pub fn pid_with(marker: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let e = e.ok()?;
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        String::from_utf8_lossy(&cmdline)
+            .contains(marker)
+            .then_some(pid)
+    })
+}
+
 /// Processes on this host whose command line contains `marker`.
 pub fn processes_with(marker: &str) -> Vec<String> {
     std::fs::read_dir("/proc")
