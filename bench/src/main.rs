@@ -81,6 +81,7 @@ enum Part {
     Exec,
     Connect,
     Requests,
+    Writes,
     Bulk,
     Scale,
 }
@@ -163,6 +164,7 @@ async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
         Part::Exec,
         Part::Connect,
         Part::Requests,
+        Part::Writes,
         Part::Bulk,
     ];
     if side_by_side.into_iter().any(|part| args.wants(part)) {
@@ -185,7 +187,10 @@ async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
             rows::connect(args, &gateway, &sshd, &mut results).await?;
         }
         if args.wants(Part::Requests) {
-            rows::requests(args, &gateway, &sshd, &mut results).await?;
+            rows::requests(args, &gateway, &sshd, rows::Small::Stat, &mut results).await?;
+        }
+        if args.wants(Part::Writes) {
+            rows::requests(args, &gateway, &sshd, rows::Small::Write, &mut results).await?;
         }
         if args.wants(Part::Bulk) {
             rows::bulk(args, &gateway, &sshd, work, &mut results).await?;

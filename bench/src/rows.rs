@@ -318,10 +318,15 @@ pub async fn requests(
     args: &Args,
     gateway: &Gateway,
     sshd: &Sshd,
+    small: Small,
     results: &mut Results,
 ) -> Result<(), String> {
     std::fs::write(gateway.root.join("small.txt"), "hello\n").map_err(|e| e.to_string())?;
-    let small = gateway.root.join("small.txt").display().to_string();
+    let path = match small {
+        Small::Stat => gateway.root.join("small.txt"),
+        Small::Write => gateway.root.join("written-"),
+    };
+    let path = path.display().to_string();
     let window = Duration::from_secs_f64(args.request_seconds);
     for level in [1usize, 16, 256] {
         let mut c = Concurrency {
@@ -338,10 +343,10 @@ pub async fn requests(
         let per_request =
             |seconds: f64, latencies: &Latencies| seconds * 1e6 / latencies.len().max(1) as f64;
         for round in 0..args.rounds {
-            eprintln!("requests, {level} in flight, round {}", round + 1);
+            eprintln!("{small:?}, {level} in flight, round {}", round + 1);
             let (server, client) = (measure::cpu_seconds(gateway.pid(), false), own());
             let commits = gateway.audit_commits().await?;
-            let (rate, mut latencies) = portcullis_requests(gateway, level, window).await?;
+            let (rate, mut latencies) = portcullis_requests(gateway, small, level, window).await?;
             let (ms, entries) = commits.until(gateway.audit_commits().await?);
             commit_ms.push(ms);
             per_commit.push(entries);
@@ -354,7 +359,7 @@ pub async fn requests(
             c.ours_p50.push(latencies.quantile_ms(0.5));
             c.ours_p99.push(latencies.quantile_ms(0.99));
             let (server, client) = (measure::cpu_seconds(sshd.pid(), true), own());
-            let (rate, mut latencies) = sftp_requests(sshd, &small, level, window).await?;
+            let (rate, mut latencies) = sftp_requests(sshd, small, &path, level, window).await?;
             // The connections' processes are reaped (and counted) once gone.
             settle().await;
             server_cpu.1.push(per_request(
@@ -366,11 +371,19 @@ pub async fn requests(
             c.theirs_p50.push(latencies.quantile_ms(0.5));
             c.theirs_p99.push(latencies.quantile_ms(0.99));
         }
-        let section = "Small requests";
+        let (section, what) = match small {
+            Small::Stat => (
+                "Small requests",
+                "stat a file, {level} in flight: {q} (portcullis: audited file.stat; ssh: SFTP STAT)",
+            ),
+            Small::Write => (
+                "Small writes",
+                "write 6 bytes to a file, {level} in flight: {q} (portcullis: file.write, its intent and outcome entries durable; ssh: SFTP OPEN, WRITE, CLOSE, not synced)",
+            ),
+        };
         let what = |q: &str| {
-            format!(
-                "stat a file, {level} in flight: {q} (portcullis: audited file.stat; ssh: SFTP STAT)"
-            )
+            what.replace("{level}", &level.to_string())
+                .replace("{q}", q)
         };
         let figures = [
             (
@@ -428,13 +441,27 @@ pub async fn requests(
                 decimals,
             ));
         }
-        results.concurrency.push(c);
+        // The chart is of small requests (stat) only.
+        if matches!(small, Small::Stat) {
+            results.concurrency.push(c);
+        }
     }
     Ok(())
 }
 
+/// The small request a `requests` section measures.
+#[derive(Debug, Clone, Copy)]
+pub enum Small {
+    /// `file.stat` of one file; SFTP `STAT`.
+    Stat,
+    /// `file.write` of 6 bytes, each task to its own file; SFTP open,
+    /// write, close.
+    Write,
+}
+
 async fn portcullis_requests(
     gateway: &Gateway,
+    small: Small,
     level: usize,
     window: Duration,
 ) -> Result<(f64, Latencies), String> {
@@ -444,19 +471,25 @@ async fn portcullis_requests(
             gateway.session().await.map_err(|e| e.to_string())?,
         ));
     }
-    let params = json!({"root_id": "work", "path": "small.txt"});
     let deadline = Instant::now() + window;
     let mut tasks = JoinSet::new();
     for i in 0..level {
-        let (client, params) = (sessions[i % sessions.len()].clone(), params.clone());
+        let (method, params) = match small {
+            Small::Stat => ("file.stat", json!({"root_id": "work", "path": "small.txt"})),
+            Small::Write => (
+                "file.write",
+                json!({"root_id": "work", "path": format!("written-{i}"), "content": "hello\n"}),
+            ),
+        };
+        let client = sessions[i % sessions.len()].clone();
         tasks.spawn(async move {
             let mut latencies = Latencies::default();
             while Instant::now() < deadline {
                 let started = Instant::now();
                 client
-                    .request("file.stat", params.clone())
+                    .request(method, params.clone())
                     .await
-                    .map_err(|e| format!("file.stat: {e}"))?;
+                    .map_err(|e| format!("{method}: {e}"))?;
                 latencies.push(started.elapsed());
             }
             Ok::<_, String>(latencies)
@@ -472,6 +505,7 @@ async fn portcullis_requests(
 
 async fn sftp_requests(
     sshd: &Sshd,
+    small: Small,
     path: &str,
     level: usize,
     window: Duration,
@@ -483,10 +517,19 @@ async fn sftp_requests(
     }
     let deadline = Instant::now() + window;
     let mut tasks = JoinSet::new();
-    for mut sftp in opened {
+    for (n, mut sftp) in opened.into_iter().enumerate() {
         let path = path.to_string();
         let window = level / connections;
-        tasks.spawn(async move { sftp.stat_until(&path, window, deadline).await });
+        tasks.spawn(async move {
+            match small {
+                Small::Stat => sftp.stat_until(&path, window, deadline).await,
+                Small::Write => {
+                    // Each connection its own files.
+                    let prefix = format!("{path}sftp-{n}-");
+                    sftp.write_until(&prefix, b"hello\n", window, deadline).await
+                }
+            }
+        });
     }
     let started = Instant::now();
     let mut all = Latencies::default();

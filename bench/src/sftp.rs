@@ -1,6 +1,7 @@
-//! Just enough of an SFTP (version 3) client to send `STAT` requests with
-//! several in flight over one `ssh -s sftp` connection: OpenSSH's own small
-//! request, the counterpart of portcullis's `file.stat`.
+//! Just enough of an SFTP (version 3) client to send `STAT` requests, and
+//! small writes (open, write, close), with several in flight over one
+//! `ssh -s sftp` connection: OpenSSH's counterparts of portcullis's
+//! `file.stat` and `file.write`.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -117,5 +118,101 @@ impl Sftp {
             }
         }
         Ok(latencies)
+    }
+}
+
+const OPEN: u8 = 3;
+const CLOSE: u8 = 4;
+const WRITE: u8 = 6;
+const HANDLE: u8 = 102;
+/// `SSH_FXF_WRITE | SSH_FXF_CREAT | SSH_FXF_TRUNC`.
+const WRITE_CREATE_TRUNCATE: u32 = 0x02 | 0x08 | 0x10;
+
+/// Where one slot of [`Sftp::write_until`] is in its open, write, close.
+enum Stage {
+    Opening,
+    Writing(Vec<u8>),
+    Closing,
+}
+
+fn string(out: &mut Vec<u8>, s: &[u8]) {
+    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+    out.extend_from_slice(s);
+}
+
+impl Sftp {
+    /// Writes `data` to `{prefix}{slot}` (OPEN with truncate, WRITE, CLOSE:
+    /// what an SFTP client does to put a small file), `window` slots at a
+    /// time until `deadline`; the latency of each whole write. OpenSSH's
+    /// counterpart of `file.write`; its server does not `fsync`.
+    pub async fn write_until(
+        &mut self,
+        prefix: &str,
+        data: &[u8],
+        window: usize,
+        deadline: Instant,
+    ) -> Result<Latencies, String> {
+        // id → (slot, stage, when the write began)
+        let mut sent: HashMap<u32, (usize, Stage, Instant)> = HashMap::new();
+        let mut latencies = Latencies::default();
+        let mut next_id = 0u32;
+        for slot in 0..window {
+            self.send_open(next_id, &format!("{prefix}{slot}")).await?;
+            sent.insert(next_id, (slot, Stage::Opening, Instant::now()));
+            next_id += 1;
+        }
+        self.to.flush().await.map_err(|e| e.to_string())?;
+        while !sent.is_empty() {
+            let (kind, body) = self.receive().await?;
+            let id = body
+                .get(..4)
+                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                .ok_or("sftp: a short answer")?;
+            let (slot, stage, started) = sent.remove(&id).ok_or("sftp: an answer to no request")?;
+            let ok_status = kind == STATUS && body.get(4..8) == Some(&[0, 0, 0, 0][..]);
+            let next = match stage {
+                Stage::Opening if kind == HANDLE => {
+                    let handle = body.get(8..).ok_or("sftp: a short handle")?.to_vec();
+                    let mut payload = Vec::with_capacity(32 + data.len());
+                    payload.extend_from_slice(&next_id.to_be_bytes());
+                    payload.extend_from_slice(&handle);
+                    payload.extend_from_slice(&0u64.to_be_bytes());
+                    string(&mut payload, data);
+                    self.send(WRITE, &payload).await?;
+                    Some(Stage::Writing(handle))
+                }
+                Stage::Writing(handle) if ok_status => {
+                    let mut payload = next_id.to_be_bytes().to_vec();
+                    payload.extend_from_slice(&handle);
+                    self.send(CLOSE, &payload).await?;
+                    Some(Stage::Closing)
+                }
+                Stage::Closing if ok_status => {
+                    latencies.push(started.elapsed());
+                    if Instant::now() < deadline {
+                        self.send_open(next_id, &format!("{prefix}{slot}")).await?;
+                        sent.insert(next_id, (slot, Stage::Opening, Instant::now()));
+                        next_id = next_id.wrapping_add(1);
+                        self.to.flush().await.map_err(|e| e.to_string())?;
+                    }
+                    None
+                }
+                _ => return Err(format!("sftp: writing {prefix}{slot} got packet type {kind}")),
+            };
+            if let Some(stage) = next {
+                sent.insert(next_id, (slot, stage, started));
+                next_id = next_id.wrapping_add(1);
+                self.to.flush().await.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(latencies)
+    }
+
+    async fn send_open(&mut self, id: u32, path: &str) -> Result<(), String> {
+        let mut payload = id.to_be_bytes().to_vec();
+        string(&mut payload, path.as_bytes());
+        payload.extend_from_slice(&WRITE_CREATE_TRUNCATE.to_be_bytes());
+        payload.extend_from_slice(&0u32.to_be_bytes()); // no attributes
+        self.send(OPEN, &payload).await
     }
 }

@@ -3,7 +3,7 @@
 //! A group commit writes its entries here in one `write` and `fdatasync`s
 //! this file alone before anyone is answered; the same entries go into
 //! sled's tree, unflushed, for queries. Once sled has been flushed and
-//! synced ([`Journal::clear`]'s caller does that) the journal is emptied.
+//! acknowledged ([`Journal::clear`]'s caller does that) the journal is emptied.
 //! On open, entries the journal holds and sled lost are put back.
 //!
 //! Why not sled's flush per commit: in sled 0.34 it costs two to three
@@ -12,7 +12,7 @@
 //!
 //! Format: frames of `len: u32 LE | crc32(payload): u32 LE | payload`. A
 //! crash can leave only the last group half written (every earlier one was
-//! synced before the next was written), so the first frame that is cut short
+//! acknowledged before the next was written), so the first frame that is cut short
 //! or fails its checksum ends the journal; what follows was never
 //! acknowledged and is cut off.
 
@@ -27,7 +27,11 @@ pub(crate) const MAX_FRAME: usize = 16 * 1024 * 1024;
 
 pub(crate) struct Journal {
     file: File,
+    /// Bytes written.
     len: u64,
+    /// Bytes written before the last acknowledged group ended (synced, or
+    /// only written where the log is opened so).
+    acknowledged: u64,
 }
 
 /// What [`Journal::open`] found.
@@ -62,11 +66,12 @@ impl Journal {
         let journal = Self {
             file,
             len: valid as u64,
+            acknowledged: valid as u64,
         };
         Ok((journal, Found { frames, discarded }))
     }
 
-    /// Appends `frames` (built with [`frame`]) in one write; not yet synced.
+    /// Appends `frames` (built with [`frame`]) in one write; not yet acknowledged.
     pub fn write(&mut self, frames: &[u8]) -> std::io::Result<()> {
         self.file.write_all(frames)?;
         self.len += frames.len() as u64;
@@ -74,8 +79,33 @@ impl Journal {
     }
 
     /// Makes everything written so far durable.
-    pub fn sync(&self) -> std::io::Result<()> {
-        self.file.sync_data()
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        self.file.sync_data()?;
+        self.acknowledge();
+        Ok(())
+    }
+
+    /// Everything written so far is acknowledged (synced, or written is
+    /// enough).
+    pub fn acknowledge(&mut self) {
+        self.acknowledged = self.len;
+    }
+
+    /// After a failed write or sync: what followed the last acknowledged
+    /// group is unknown, and was never acknowledged; [`rewind`](Self::rewind) cuts
+    /// it off.
+    pub fn forget_unacknowledged(&mut self) {
+        self.len = self.acknowledged;
+    }
+
+    /// Cuts the file back to the length known to be good (a no-op when
+    /// nothing failed), and syncs that.
+    pub fn rewind(&mut self) -> std::io::Result<()> {
+        if self.file.metadata()?.len() != self.len {
+            self.file.set_len(self.len)?;
+            self.file.sync_data()?;
+        }
+        Ok(())
     }
 
     /// Empties the journal, once everything in it is durable elsewhere.
@@ -83,6 +113,7 @@ impl Journal {
         self.file.set_len(0)?;
         self.file.sync_data()?;
         self.len = 0;
+        self.acknowledged = 0;
         Ok(())
     }
 
@@ -208,5 +239,31 @@ mod tests {
         let (_, found) = Journal::open(&path).unwrap();
         assert_eq!(found.frames, vec![b"five".to_vec()]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A failed write leaves bytes after the last acknowledged group;
+    /// rewinding cuts them off, and the next write follows that group.
+    #[test]
+    fn rewind_cuts_off_what_was_never_acknowledged() {
+        let dir = tempfile::Builder::new()
+            .prefix("portcullis-journal-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("audit.journal");
+        let (mut journal, _) = Journal::open(&path).unwrap();
+        journal.write(&framed(&[b"one".to_vec()])).unwrap();
+        journal.sync().unwrap();
+        let acknowledged = journal.len();
+        // As if the sync after this write had failed.
+        journal.write(&framed(&[b"two".to_vec()])).unwrap();
+        journal.forget_unacknowledged();
+        assert_eq!(journal.len(), acknowledged);
+        journal.rewind().unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), acknowledged);
+        journal.write(&framed(&[b"three".to_vec()])).unwrap();
+        journal.sync().unwrap();
+        drop(journal);
+        let (_, found) = Journal::open(&path).unwrap();
+        assert_eq!(found.frames, vec![b"one".to_vec(), b"three".to_vec()]);
     }
 }

@@ -41,7 +41,7 @@ pub enum StoreError {
     #[error("audit entry {seq} is unreadable: {message}")]
     Corrupt { seq: u64, message: String },
     #[error(
-        "the audit log stopped after a write failure ({reason}); restart the daemon once the disk is healthy"
+        "the audit log cannot write ({reason}); it writes again by itself once the cause is gone (free space on the store's file system)"
     )]
     Failed { reason: String },
     #[error("the audit writer has stopped (the daemon is shutting down, or the thread ended)")]

@@ -13,7 +13,9 @@ pub enum Kind {
     /// A request, when it ends (or is refused).
     #[default]
     Request,
-    /// A long-running request, when it starts.
+    /// A request that changes or runs anything (or reads for long): its
+    /// intent, durable before it acts. Its completing entry names it in
+    /// `start_seq`.
     RequestStart,
     /// Handshake and authentication failures, reloads, revocations.
     Security,
@@ -38,6 +40,10 @@ pub enum Status {
     Succeeded,
     Failed,
     Cancelled,
+    /// The gateway stopped (a crash, `kill -9`, power loss) between the
+    /// request's start entry and its answer: whether its effect happened
+    /// is unknown. Written when the log is next opened.
+    Interrupted,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,6 +116,10 @@ pub struct Record {
     /// command confined less than its grant asks, on a best-effort grant).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// For a completing entry of a request that left a start entry: that
+    /// entry's sequence number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_seq: Option<u64>,
     /// For a call a script made: the `script.run` request it came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_request_id: Option<String>,

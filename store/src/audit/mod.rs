@@ -26,12 +26,16 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
+use std::collections::VecDeque;
 use std::fs::File;
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::task::{Context, Poll};
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::StoreError;
 use crate::checkpoint::AuditSigner;
@@ -46,6 +50,10 @@ use writer::Writer;
 
 const TREE: &str = "audit";
 const CHECKPOINTS: &str = "audit_checkpoints";
+/// Start entries whose request has not completed: key the start entry's
+/// sequence number. What a crash leaves here is completed as interrupted
+/// when the log is next opened.
+const OPEN_INTENTS: &str = "audit_open_intents";
 const META: &str = "audit_meta";
 const PRUNE_KEY: &[u8] = b"prune";
 /// A checkpoint is signed after this many entries…
@@ -56,6 +64,8 @@ const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// Records taken into one batch at most.
 const MAX_BATCH: usize = 4096;
+/// How often a stopped writer tries to write again.
+const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// The journal's name in the store directory.
 const JOURNAL: &str = "audit.journal";
 /// sled is flushed, and the journal emptied, once the journal holds this
@@ -93,6 +103,41 @@ pub struct Recovery {
     pub restored: u64,
     /// Bytes of a half-written last group, never acknowledged, cut off.
     pub discarded_bytes: u64,
+    /// Requests that had started and not completed when the log was last
+    /// closed (a crash), now completed with status `interrupted`.
+    pub interrupted: u64,
+}
+
+/// Whether the log accepts entries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Health {
+    #[default]
+    Writing,
+    /// A write failed (a full disk, an I/O error): every append is refused
+    /// until the writer, which retries every second, writes again.
+    Stopped {
+        reason: String,
+        /// RFC 3339.
+        since: String,
+    },
+}
+
+/// Opened by a start entry, closed by its request's completing entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Intent {
+    Opened(u64),
+    Closed(u64),
+}
+
+impl Intent {
+    /// What `record`, written as entry `seq`, does to the open intents.
+    fn of(seq: u64, record: &Record) -> Option<Self> {
+        match (record.kind, record.start_seq) {
+            (Kind::RequestStart, _) => Some(Self::Opened(seq)),
+            (_, Some(start)) => Some(Self::Closed(start)),
+            _ => None,
+        }
+    }
 }
 
 /// Upper bounds (seconds) of the group-commit latency histogram.
@@ -136,9 +181,20 @@ pub struct CommitStats {
     pub at_most: [u64; COMMIT_BUCKETS.len()],
 }
 
-/// An entry queued by [`AuditLog::submit`].
+/// An entry queued by [`AuditLog::submit`]; as a future, resolves once it
+/// is durable, to its sequence number.
 #[must_use = "an entry is durable only once waited for"]
 pub struct Submitted(oneshot::Receiver<Result<u64, StoreError>>);
+
+impl Future for Submitted {
+    type Output = Result<u64, StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|answer| answer.map_err(|_| StoreError::WriterGone)?)
+    }
+}
 
 impl Submitted {
     /// Blocks (outside an async runtime) until the entry is durable;
@@ -168,6 +224,7 @@ pub struct AuditLog {
     /// `tree` (see [`Self::entries`]).
     indexing: Arc<Mutex<()>>,
     recovery: Recovery,
+    health: watch::Receiver<Health>,
 }
 
 impl AuditLog {
@@ -180,6 +237,7 @@ impl AuditLog {
         let tree = db.open_tree(TREE).map_err(StoreError::Sled)?;
         let checkpoints = db.open_tree(CHECKPOINTS).map_err(StoreError::Sled)?;
         let meta = db.open_tree(META).map_err(StoreError::Sled)?;
+        let open_intents = db.open_tree(OPEN_INTENTS).map_err(StoreError::Sled)?;
         let signed_through = match checkpoints.last().map_err(StoreError::Sled)? {
             Some((key, _)) => key_seq(&key),
             None => 0,
@@ -190,15 +248,21 @@ impl AuditLog {
             File::open(dir.join("db")).map_err(|e| StoreError::io("opening sled's log file", e))?;
         let (journal, found) = Journal::open(&dir.join(JOURNAL))
             .map_err(|e| StoreError::io(format!("opening the audit journal {JOURNAL}"), e))?;
+        let (health_tx, health) = watch::channel(Health::Writing);
         let mut writer = Writer {
             db: db.clone(),
             tree: tree.clone(),
+            open_intents,
             log_file,
             journal,
             durability,
             seq: 0,
             head: GENESIS.to_string(),
             failed: None,
+            health: health_tx,
+            lost: 0,
+            last_attempt: std::time::Instant::now(),
+            unindexed: VecDeque::new(),
             checkpoints: checkpoints.clone(),
             meta: meta.clone(),
             public_key: signer.as_ref().map(|s| s.public_key().to_vec()),
@@ -218,9 +282,11 @@ impl AuditLog {
             (writer.seq, writer.head) = (marker.first_seq.saturating_sub(1), marker.prev.clone());
         }
         let kept_from = marker.map_or(1, |marker| marker.first_seq);
+        let restored = writer.restore(found.frames, kept_from)?;
         let recovery = Recovery {
-            restored: writer.restore(found.frames, kept_from)?,
+            restored,
             discarded_bytes: found.discarded,
+            interrupted: writer.complete_interrupted()?,
         };
         let (jobs, queue) = mpsc::channel::<Job>();
         let counters = writer.counters.clone();
@@ -240,7 +306,27 @@ impl AuditLog {
             counters,
             indexing,
             recovery,
+            health,
         })
+    }
+
+    /// Whether the log accepts entries now, and if not why.
+    pub fn health(&self) -> Health {
+        self.health.borrow().clone()
+    }
+
+    /// Why the log accepts no entries now, if it does not: the check a
+    /// request passes before it may act.
+    pub fn stopped(&self) -> Option<String> {
+        match &*self.health.borrow() {
+            Health::Writing => None,
+            Health::Stopped { reason, .. } => Some(reason.clone()),
+        }
+    }
+
+    /// Changes of [`health`](Self::health), for whoever reports them.
+    pub fn watch_health(&self) -> watch::Receiver<Health> {
+        self.health.clone()
     }
 
     /// The entries' tree, holding every entry acknowledged so far: the

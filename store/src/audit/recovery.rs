@@ -1,13 +1,15 @@
 //! Recovery on open: the journal's entries that sled lost in a crash are
 //! put back, once they are checked to continue the chain.
 
+use super::Intent;
 use super::entry::{Entry, decode, entry_hash};
 use super::writer::Writer;
 use crate::StoreError;
 
 impl Writer {
     /// Puts back into sled the journal's entries that it lost in a crash,
-    /// after checking that they continue the chain; then settles. Entries
+    /// after checking that they continue the chain, with what they did to
+    /// the open intents; then settles. Entries
     /// before `kept_from` (the prune marker's first) were pruned. Returns
     /// how many were put back.
     pub(super) fn restore(
@@ -23,6 +25,10 @@ impl Writer {
                     seq: self.seq + 1,
                     message: format!("in the journal: {e}"),
                 })?;
+            // In order, kept or put back: the open intents end as they
+            // were after the last acknowledged group.
+            self.apply(Intent::of(entry.seq, &entry.record))
+                .map_err(io)?;
             if entry.seq <= self.seq {
                 // sled kept it (it must be the same), lost it while keeping
                 // later ones (put it back), or it was pruned since (skip).

@@ -829,3 +829,121 @@ fn a_version_1_export_still_verifies() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+fn start(i: u64) -> Record {
+    Record {
+        kind: Kind::RequestStart,
+        status: None,
+        request_id: Some(format!("r{i}")),
+        ..record(i)
+    }
+}
+
+fn completion(i: u64, start_seq: u64) -> Record {
+    Record {
+        request_id: Some(format!("r{i}")),
+        start_seq: Some(start_seq),
+        ..record(i)
+    }
+}
+
+/// Entries whose status is `interrupted`, as (its start entry, request id).
+fn interrupted(log: &AuditLog) -> Vec<(u64, String)> {
+    let mut found: Vec<(u64, String)> = log
+        .entries()
+        .iter()
+        .map(|item| {
+            let (k, v) = item.unwrap();
+            decode(&k, &v).unwrap()
+        })
+        .filter(|e| e.record.status == Some(Status::Interrupted))
+        .map(|e| {
+            assert_eq!(e.record.kind, Kind::Request);
+            assert!(e.record.completed_at.is_some());
+            (e.record.start_seq.unwrap(), e.record.request_id.unwrap())
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+#[test]
+fn a_start_entry_left_open_is_completed_as_interrupted_on_open() {
+    let dir = temp("interrupted");
+    let store = Store::open(&dir).unwrap();
+    let log = store.audit(None).unwrap();
+    let first = log.append_blocking(start(1)).unwrap();
+    let second = log.append_blocking(start(2)).unwrap();
+    log.append_blocking(completion(1, first)).unwrap();
+    let third = log.append_blocking(start(3)).unwrap();
+    drop(log);
+    drop(store);
+
+    let store = reopen(&dir);
+    let log = store.audit(None).unwrap();
+    assert_eq!(log.recovery().interrupted, 2);
+    assert_eq!(
+        interrupted(&log),
+        vec![(second, "r2".to_string()), (third, "r3".to_string())]
+    );
+    assert_eq!(log.verify(None).unwrap().error, None);
+    drop(log);
+    drop(store);
+    // Completed once: not again.
+    let store = reopen(&dir);
+    let log = store.audit(None).unwrap();
+    assert_eq!(log.recovery().interrupted, 0);
+    assert_eq!(interrupted(&log).len(), 2);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+const INTENT_CRASH_CHILD: &str = "PORTCULLIS_STORE_INTENT_CRASH_CHILD";
+
+/// A process that aborts with requests in flight, after sled lost some of
+/// its entries: each request whose start entry was acknowledged and whose
+/// completion was not is completed as interrupted on open, whether its
+/// entries came back from sled or from the journal; no other is.
+#[test]
+fn start_entries_open_at_a_crash_are_completed_as_interrupted() {
+    const REQUESTS: u64 = 200;
+    if let Some(dir) = std::env::var_os(INTENT_CRASH_CHILD) {
+        let store = Store::open(std::path::Path::new(&dir)).unwrap();
+        let log = store.audit(None).unwrap();
+        // Request i completes unless i is a multiple of 7.
+        for i in 1..=REQUESTS {
+            let seq = log.append_blocking(start(i)).unwrap();
+            if !i.is_multiple_of(7) {
+                log.append_blocking(completion(i, seq)).unwrap();
+            }
+        }
+        std::process::abort();
+    }
+    let dir = temp("intent-crash");
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "audit::tests::start_entries_open_at_a_crash_are_completed_as_interrupted",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(INTENT_CRASH_CHILD, &dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the child aborts");
+    let store = Store::open(&dir).unwrap();
+    let log = store.audit(None).unwrap();
+    assert!(log.recovery().restored > 0, "sled lost entries in the crash");
+    let open: Vec<String> = (1..=REQUESTS)
+        .filter(|i| i.is_multiple_of(7))
+        .map(|i| format!("r{i}"))
+        .collect();
+    assert_eq!(log.recovery().interrupted, open.len() as u64);
+    let found: Vec<String> = interrupted(&log).into_iter().map(|(_, id)| id).collect();
+    let mut want = open.clone();
+    want.sort();
+    let mut found_sorted = found.clone();
+    found_sorted.sort();
+    assert_eq!(found_sorted, want);
+    assert_eq!(log.verify(None).unwrap().error, None);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -2,13 +2,16 @@
 //! written to the journal in one write and synced before any is answered;
 //! sled's inserts follow, and checkpoints are signed as the log grows.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::sync::{Arc, Mutex, mpsc};
 
-use super::entry::{Record, stored_entry};
+use tokio::sync::watch;
+
+use super::entry::{Kind, Record, Status, decode, key_seq, stored_entry};
 use super::{
-    CHECKPOINT_EVERY, CHECKPOINT_INTERVAL, CommitCounters, Durability, JOURNAL_LIMIT, Job,
-    MAX_BATCH, Stored,
+    CHECKPOINT_EVERY, CHECKPOINT_INTERVAL, CommitCounters, Durability, Health, Intent,
+    JOURNAL_LIMIT, Job, MAX_BATCH, RETRY_INTERVAL, Stored,
 };
 use crate::StoreError;
 use crate::checkpoint::AuditSigner;
@@ -18,14 +21,26 @@ use crate::journal::{self, Journal};
 pub(super) struct Writer {
     pub(super) db: sled::Db,
     pub(super) tree: sled::Tree,
+    /// Start entries not yet completed (see [`Intent`]).
+    pub(super) open_intents: sled::Tree,
     pub(super) log_file: File,
     pub(super) journal: Journal,
     pub(super) durability: Durability,
     pub(super) seq: u64,
     pub(super) head: String,
-    /// Why the writer stopped, once a write failed: every later append is
-    /// refused with this reason.
+    /// Why the writer stopped, once a write failed: every append is
+    /// refused with this reason until a retry writes again
+    /// ([`Self::try_resume`]).
     pub(super) failed: Option<String>,
+    /// `failed`, for readers outside this thread.
+    pub(super) health: watch::Sender<Health>,
+    /// Records refused since the writer stopped.
+    pub(super) lost: u64,
+    /// When the writer last tried to write again.
+    pub(super) last_attempt: std::time::Instant,
+    /// Committed entries, and what they do to the open intents, not yet
+    /// in sled (sled failed to take them; the journal holds them).
+    pub(super) unindexed: VecDeque<(Stored, Option<Intent>)>,
     pub(super) checkpoints: sled::Tree,
     pub(super) meta: sled::Tree,
     pub(super) signer: Option<AuditSigner>,
@@ -42,7 +57,12 @@ pub(super) struct Writer {
 impl Writer {
     pub(super) fn run(mut self, queue: mpsc::Receiver<Job>) {
         loop {
-            let first = match queue.recv_timeout(CHECKPOINT_INTERVAL) {
+            let wait = if self.failed.is_some() {
+                RETRY_INTERVAL
+            } else {
+                CHECKPOINT_INTERVAL
+            };
+            let first = match queue.recv_timeout(wait) {
                 Ok(Job::Append(record, reply)) => (*record, reply),
                 Ok(Job::Checkpoint(done)) => {
                     self.checkpoint_now();
@@ -54,6 +74,7 @@ impl Writer {
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.try_resume();
                     self.maybe_checkpoint();
                     continue;
                 }
@@ -70,6 +91,7 @@ impl Writer {
                     Job::Prune(cut, done) => pruning.push((cut, done)),
                 }
             }
+            self.try_resume();
             let started = std::time::Instant::now();
             let (results, values) = self.commit(group.iter().map(|(record, _)| record));
             self.counters.record(group.len(), started.elapsed());
@@ -86,7 +108,7 @@ impl Writer {
                 && let Err(e) = self.settle()
             {
                 // sled cannot be written: stop, as after a failed commit.
-                self.failed = Some(format!("flushing sled: {e}"));
+                self.stop(format!("flushing sled: {e}"));
             }
             for (cut, done) in pruning {
                 self.prune(cut, done);
@@ -148,15 +170,75 @@ impl Writer {
         }
     }
 
+    /// Stops the writer: every append is refused with `reason` until a
+    /// retry writes again.
+    pub(super) fn stop(&mut self, reason: String) {
+        if self.failed.is_none() {
+            let since = jiff::Timestamp::now().to_string();
+            self.health.send_replace(Health::Stopped {
+                reason: reason.clone(),
+                since,
+            });
+        }
+        self.last_attempt = std::time::Instant::now();
+        self.failed = Some(reason);
+    }
+
+    /// Once a second while stopped: cuts the journal back to what was
+    /// synced, puts into sled what it missed, and writes an entry saying
+    /// how long the log was stopped, why, and how many records it refused
+    /// meanwhile. Writing resumes if all of that succeeds.
+    pub(super) fn try_resume(&mut self) {
+        let Some(reason) = self.failed.clone() else {
+            return;
+        };
+        if self.last_attempt.elapsed() < RETRY_INTERVAL {
+            return;
+        }
+        self.last_attempt = std::time::Instant::now();
+        if self.journal.rewind().is_err() || self.index_pending().is_err() {
+            return;
+        }
+        if self.journal.len() >= JOURNAL_LIMIT && self.settle().is_err() {
+            return;
+        }
+        let since = match &*self.health.borrow() {
+            Health::Stopped { since, .. } => since.clone(),
+            Health::Writing => String::new(),
+        };
+        let record = Record {
+            kind: Kind::Security,
+            started_at: since.clone(),
+            completed_at: Some(jiff::Timestamp::now().to_string()),
+            event: Some("audit_resumed".into()),
+            detail: Some(format!(
+                "the audit log could not write from {since} until now ({reason}); \
+                 {} records were refused meanwhile, and no request acted without its entry",
+                self.lost
+            )),
+            ..Record::default()
+        };
+        self.failed = None;
+        let (results, values) = self.commit(std::iter::once(&record));
+        if results.iter().all(Result::is_ok) {
+            self.index(values);
+        }
+        if self.failed.is_none() {
+            self.lost = 0;
+            self.health.send_replace(Health::Writing);
+        }
+    }
+
     /// Writes one group durably; every record gets its sequence number, or
     /// all get the error. Returns too the entries to put into sled (see
     /// [`Self::index`]).
     pub(super) fn commit<'a>(
         &mut self,
         records: impl Iterator<Item = &'a Record>,
-    ) -> (Vec<Result<u64, StoreError>>, Vec<Stored>) {
+    ) -> (Vec<Result<u64, StoreError>>, Vec<(Stored, Option<Intent>)>) {
         let records: Vec<&Record> = records.collect();
         if let Some(reason) = &self.failed {
+            self.lost += records.len() as u64;
             let failed = records
                 .iter()
                 .map(|_| {
@@ -174,7 +256,7 @@ impl Writer {
             seq += 1;
             let (hash, value) = stored_entry(seq, &head, record);
             journal::frame(&value, &mut frames);
-            values.push((seq, value));
+            values.push(((seq, value), Intent::of(seq, record)));
             head = hash;
         }
         let durable = self
@@ -186,7 +268,10 @@ impl Writer {
                     .journal
                     .sync()
                     .map_err(|e| format!("audit journal: {e}")),
-                Durability::Written => Ok(()),
+                Durability::Written => {
+                    self.journal.acknowledge();
+                    Ok(())
+                }
             });
         match durable {
             Ok(()) => {
@@ -197,8 +282,10 @@ impl Writer {
             }
             Err(message) => {
                 // Whether any of it reached the disk is unknown: stop, so no
-                // request runs unaudited.
-                self.failed = Some(message.clone());
+                // request runs unaudited; a retry cuts it off first.
+                self.journal.forget_unacknowledged();
+                self.lost += records.len() as u64;
+                self.stop(message.clone());
                 let failed = records
                     .iter()
                     .map(|_| {
@@ -218,12 +305,75 @@ impl Writer {
     /// journal avoids (the journal, not sled, makes a group atomic). If
     /// sled fails, the entries are safe in the journal (the next start puts
     /// them back) and the writer stops, as after a failed commit.
-    pub(super) fn index(&mut self, values: Vec<Stored>) {
-        for (seq, value) in values {
-            if let Err(e) = self.tree.insert(seq.to_be_bytes(), value) {
-                self.failed = Some(format!("inserting entry {seq} into sled: {e}"));
-                return;
+    pub(super) fn index(&mut self, values: Vec<(Stored, Option<Intent>)>) {
+        self.unindexed.extend(values);
+        if let Err(e) = self.index_pending() {
+            self.stop(e);
+        }
+    }
+
+    /// Puts what [`Self::unindexed`] holds into sled, in order.
+    fn index_pending(&mut self) -> Result<(), String> {
+        while let Some(((seq, value), intent)) = self.unindexed.front() {
+            let seq = *seq;
+            self.tree
+                .insert(seq.to_be_bytes(), value.as_slice())
+                .and_then(|_| self.apply(*intent))
+                .map_err(|e| format!("inserting entry {seq} into sled: {e}"))?;
+            self.unindexed.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Records in sled what an entry does to the open intents.
+    pub(super) fn apply(&self, intent: Option<Intent>) -> sled::Result<()> {
+        match intent {
+            Some(Intent::Opened(seq)) => self.open_intents.insert(seq.to_be_bytes(), &[]).map(drop),
+            Some(Intent::Closed(seq)) => self.open_intents.remove(seq.to_be_bytes()).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// On open: every request whose start entry has no completing entry
+    /// (the gateway stopped in between) is completed as interrupted, so
+    /// the log says so rather than leaving it open. Returns how many.
+    pub(super) fn complete_interrupted(&mut self) -> Result<u64, StoreError> {
+        let now = jiff::Timestamp::now().to_string();
+        let mut records = Vec::new();
+        for item in self.open_intents.iter() {
+            let (key, _) = item.map_err(StoreError::Sled)?;
+            let seq = key_seq(&key);
+            let Some(stored) = self.tree.get(&key).map_err(StoreError::Sled)? else {
+                // Pruned since: nothing left to complete.
+                self.open_intents.remove(&key).map_err(StoreError::Sled)?;
+                continue;
+            };
+            let mut record = decode(&key, &stored)?.record;
+            record.kind = Kind::Request;
+            record.completed_at = Some(now.clone());
+            record.status = Some(Status::Interrupted);
+            record.start_seq = Some(seq);
+            record.detail = Some(
+                "the gateway stopped (a crash, kill or power loss) after this request's start \
+                 entry and before its answer: whether it took effect is unknown"
+                    .into(),
+            );
+            records.push(record);
+        }
+        let count = records.len() as u64;
+        for group in records.chunks(MAX_BATCH) {
+            let (results, values) = self.commit(group.iter());
+            if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+                return Err(e);
+            }
+            self.index(values);
+            if let Some(reason) = self.failed.take() {
+                return Err(StoreError::Failed { reason });
             }
         }
+        if count > 0 {
+            self.settle()?;
+        }
+        Ok(count)
     }
 }
