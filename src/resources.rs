@@ -28,7 +28,11 @@ impl Provider for Resources {
         const METHODS: &[Method] = &[
             Method::plain("resource.list", Capability::Resources),
             Method::plain("resource.get", Capability::Resources),
-            Method::plain("resource.dispose", Capability::Resources),
+            // Ends a watch or a started process.
+            Method {
+                start_entry: true,
+                ..Method::plain("resource.dispose", Capability::Resources)
+            },
         ];
         METHODS
     }

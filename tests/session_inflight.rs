@@ -42,7 +42,7 @@ impl Drop for DropWitness {
 impl Provider for SlowTool {
     fn methods(&self) -> &'static [Method] {
         const METHODS: &[Method] = &[Method {
-            long_running: true,
+            start_entry: true,
             target: tool_target,
             ..Method::plain("tool.call", Capability::Tools)
         }];

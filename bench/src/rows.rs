@@ -526,7 +526,8 @@ async fn sftp_requests(
                 Small::Write => {
                     // Each connection its own files.
                     let prefix = format!("{path}sftp-{n}-");
-                    sftp.write_until(&prefix, b"hello\n", window, deadline).await
+                    sftp.write_until(&prefix, b"hello\n", window, deadline)
+                        .await
                 }
             }
         });

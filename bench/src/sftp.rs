@@ -197,7 +197,11 @@ impl Sftp {
                     }
                     None
                 }
-                _ => return Err(format!("sftp: writing {prefix}{slot} got packet type {kind}")),
+                _ => {
+                    return Err(format!(
+                        "sftp: writing {prefix}{slot} got packet type {kind}"
+                    ));
+                }
             };
             if let Some(stage) = next {
                 sent.insert(next_id, (slot, stage, started));

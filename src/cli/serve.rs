@@ -64,12 +64,20 @@ pub fn serve(config: &Path) -> ExitCode {
         Err(e) => return fail(e),
     };
     let recovery = audit.recovery();
-    if recovery != portcullis_store::Recovery::default() {
+    if recovery.restored > 0 || recovery.discarded_bytes > 0 {
         warn!(
             restored = recovery.restored,
             discarded_bytes = recovery.discarded_bytes,
             "the audit log recovered from an unclean stop: acknowledged entries put back from its \
              journal, a half-written last write (never acknowledged) cut off"
+        );
+    }
+    if recovery.interrupted > 0 {
+        warn!(
+            interrupted = recovery.interrupted,
+            "requests were running when the gateway last stopped: each is completed in the audit \
+             log with status `interrupted` (whether it took effect is unknown); \
+             `portcullis audit list --status interrupted` lists them"
         );
     }
     let remembered = match store.approvals() {
@@ -118,6 +126,7 @@ async fn run(
         }
     }
     daemon.spawn_keepers(&gateway);
+    tokio::spawn(report_audit_health(gateway.clone()));
     tokio::task::spawn_blocking(log_sandbox_support);
     if !gateway.config.audit.retains_everything() {
         tokio::spawn(retention(gateway.clone()));
@@ -187,6 +196,27 @@ async fn run(
 /// Applies `[audit]` retention now and then every minute: entries older
 /// than `max_age`, then the oldest beyond `max_entries`. A minute keeps a
 /// flood (say of failed handshakes) from outgrowing the bound for long.
+/// A journal line each time the audit log stops writing or writes again
+/// (sessions are told by events, `status` and the metrics say it too).
+async fn report_audit_health(gateway: Arc<Gateway>) {
+    let mut health = gateway.audit.watch_health();
+    loop {
+        tokio::select! {
+            changed = health.changed() => if changed.is_err() { return },
+            () = gateway.shutdown.cancelled() => return,
+        }
+        match health.borrow_and_update().clone() {
+            portcullis_store::Health::Stopped { reason, .. } => error!(
+                "the audit log cannot write ({reason}): every request is refused until it can; \
+                 it retries every second (free space on the state directory's file system)"
+            ),
+            portcullis_store::Health::Writing => {
+                info!("the audit log writes again: requests are served");
+            }
+        }
+    }
+}
+
 async fn retention(gateway: Arc<Gateway>) {
     let config = gateway.config.audit.clone();
     let mut tick = tokio::time::interval(RETENTION_INTERVAL);

@@ -73,14 +73,25 @@ impl Default for Files {
     }
 }
 
-/// A method on one path of a root.
-const fn on_path(name: &'static str, input: fn(&Request) -> Option<Channel>) -> Method {
+/// A method that reads one path of a root: one entry, once answered.
+const fn reads(name: &'static str) -> Method {
     Method {
         name,
         capability: Capability::Fileops,
-        long_running: false,
+        start_entry: false,
         target: path_target,
+        input: no_input,
+    }
+}
+
+/// A method that changes one path of a root: its start entry is durable
+/// before anything changes.
+const fn changes(name: &'static str, input: fn(&Request) -> Option<Channel>) -> Method {
+    Method {
+        name,
+        start_entry: true,
         input,
+        ..reads(name)
     }
 }
 
@@ -88,25 +99,30 @@ const fn on_path(name: &'static str, input: fn(&Request) -> Option<Channel>) -> 
 const fn between_paths(name: &'static str) -> Method {
     Method {
         target: transfer_target,
-        ..on_path(name, no_input)
+        ..changes(name, no_input)
     }
 }
 
 const METHODS: &[Method] = &[
-    on_path("file.read", no_input),
-    on_path("file.write", upload_input),
-    on_path("file.append", upload_input),
-    on_path("file.list", no_input),
-    on_path("file.stat", no_input),
-    on_path("file.mkdir", no_input),
-    on_path("file.delete", no_input),
+    reads("file.read"),
+    changes("file.write", upload_input),
+    changes("file.append", upload_input),
+    reads("file.list"),
+    reads("file.stat"),
+    changes("file.mkdir", no_input),
+    changes("file.delete", no_input),
     between_paths("file.move"),
     between_paths("file.copy"),
+    // A read, but a long one: its start entry shows it while it runs.
     Method {
-        long_running: true,
-        ..on_path("file.search", no_input)
+        start_entry: true,
+        ..reads("file.search")
     },
-    on_path("file.watch", no_input),
+    // Makes a resource of the session's.
+    Method {
+        start_entry: true,
+        ..reads("file.watch")
+    },
 ];
 
 fn path_target(request: &Request) -> Result<Target, ErrorBody> {

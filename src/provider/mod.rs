@@ -2,7 +2,8 @@
 //! scripts, resources) implements, and what it is handed for each call.
 //!
 //! A provider declares its methods ([`Method`]): name, capability,
-//! whether it leaves a start entry before it acts, which chunk channel it
+//! whether it leaves a start entry before it acts (every method that
+//! changes or runs anything does), which chunk channel it
 //! takes input on, and how its params become the policy's [`Target`]. The
 //! daemon registers providers in [`Providers`] where it is assembled
 //! (`cli/serve.rs`); the server admits, audits and dispatches through that
@@ -33,7 +34,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use nested::{Answer, Durable, Nested, Requests};
+pub use nested::{Answer, Durable, DurableSeq, Nested, Requests};
 pub use resources::{EventSink, MAX_PER_SESSION, SessionResources};
 
 /// One method as its provider declares it.
@@ -43,8 +44,10 @@ pub struct Method {
     /// `portcullis_policy::capability_of` agrees).
     pub capability: Capability,
     /// Leaves a start entry, durable before the provider acts, as well as
-    /// its completing entry.
-    pub long_running: bool,
+    /// its completing entry: every method that changes or runs anything
+    /// (and long reads, so they show while they run). The others — reads —
+    /// leave their one entry once answered.
+    pub start_entry: bool,
     /// What the policy decides on: the params that matter, as a
     /// [`Target`]; a param of the wrong type is `invalid_request` here.
     pub target: fn(&Request) -> Result<Target, ErrorBody>,
@@ -58,7 +61,7 @@ impl Method {
         Self {
             name,
             capability,
-            long_running: false,
+            start_entry: false,
             target: no_target,
             input: no_input,
         }
@@ -147,30 +150,65 @@ pub struct Origin {
 /// A request's start entry until it is durable. Nothing acts on the host
 /// before then: the registry waits for it, unless the provider prepares
 /// meanwhile ([`Provider::prepares_during_start_entry`]) and waits itself.
-///
-/// (In a mutex only so that a [`Call`] is `Sync`; it is taken through
-/// `&mut`, never locked.)
-pub struct StartEntry(std::sync::Mutex<Option<Durable>>);
+/// A clone waits for the same entry (admission keeps one, to name the
+/// entry in the request's completing entry).
+#[derive(Clone)]
+pub struct StartEntry(Option<Arc<PendingStart>>);
+
+struct PendingStart {
+    /// Polled in place by whoever waits first; a waiter dropped midway
+    /// leaves it for the next.
+    entry: tokio::sync::Mutex<Option<DurableSeq>>,
+    outcome: OnceLock<Result<u64, ErrorBody>>,
+}
 
 impl StartEntry {
-    /// No entry to wait for (a short request, or one already durable).
+    /// No entry to wait for (a read, or one already durable).
     pub fn durable() -> Self {
-        Self(std::sync::Mutex::new(None))
+        Self(None)
     }
 
-    pub fn pending(entry: Durable) -> Self {
-        Self(std::sync::Mutex::new(Some(entry)))
+    pub fn pending(entry: DurableSeq) -> Self {
+        Self(Some(Arc::new(PendingStart {
+            entry: tokio::sync::Mutex::new(Some(entry)),
+            outcome: OnceLock::new(),
+        })))
     }
 
-    /// Waits until the entry is durable (at once the second time).
-    pub async fn wait(&mut self) -> Result<(), ErrorBody> {
-        let entry = self.0.get_mut().unwrap_or_else(|e| e.into_inner()).take();
-        match entry {
-            None => Ok(()),
-            Some(entry) => entry
-                .await
-                .map_err(|e| ErrorBody::new(e.code, format!("{}, so nothing was run", e.message))),
+    /// Waits until the entry is durable (at once after the first time).
+    pub async fn wait(&self) -> Result<(), ErrorBody> {
+        if self.0.is_none() {
+            return Ok(());
         }
+        self.outcome().await.map(drop).map_err(|e| ErrorBody {
+            message: format!("{}, so nothing was run", e.message),
+            ..e
+        })
+    }
+
+    /// The entry's sequence number once durable; `None` without one.
+    pub async fn seq(&self) -> Option<u64> {
+        self.outcome().await.ok()
+    }
+
+    async fn outcome(&self) -> Result<u64, ErrorBody> {
+        let Some(pending) = &self.0 else {
+            return Err(ErrorBody::new(ErrorCode::ProviderError, "no start entry"));
+        };
+        let mut entry = pending.entry.lock().await;
+        if let Some(outcome) = pending.outcome.get() {
+            return outcome.clone();
+        }
+        let outcome = match entry.as_mut() {
+            Some(durable) => durable.as_mut().await,
+            None => Err(ErrorBody::new(
+                ErrorCode::ProviderError,
+                "the start entry was lost",
+            )),
+        };
+        *entry = None;
+        let _ = pending.outcome.set(outcome.clone());
+        outcome
     }
 }
 
@@ -394,7 +432,7 @@ impl Providers {
     /// Runs the call until it answers or is cancelled. Dropping the
     /// provider's future on cancel stops its work; providers that own
     /// processes also watch `call.cancel` to kill them.
-    pub async fn run(&self, mut call: Call) -> Result<Value, ErrorBody> {
+    pub async fn run(&self, call: Call) -> Result<Value, ErrorBody> {
         let Some((provider, _)) = self.by_method.get(call.request.method.as_str()).cloned() else {
             return Err(ErrorBody::new(
                 ErrorCode::UnknownMethod,

@@ -18,6 +18,9 @@ use tokio_util::sync::CancellationToken;
 /// Resolves once an audit entry is durable; an error says why it is not.
 pub type Durable = Pin<Box<dyn Future<Output = Result<(), ErrorBody>> + Send>>;
 
+/// [`Durable`], resolving to the entry's sequence number.
+pub type DurableSeq = Pin<Box<dyn Future<Output = Result<u64, ErrorBody>> + Send>>;
+
 /// A request on its way to the session, with where its answer goes.
 pub struct Nested {
     pub parent: RequestId,

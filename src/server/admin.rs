@@ -5,7 +5,7 @@
 //!
 //! | method | path | does |
 //! |---|---|---|
-//! | GET | /v1/status | instance, version, policy generation, paused, session count |
+//! | GET | /v1/status | instance, version, policy generation, paused, session count, whether the audit log writes |
 //! | GET | /v1/metrics | Prometheus text metrics (`server/metrics.rs`) |
 //! | GET | /v1/sessions | the live sessions |
 //! | DELETE | /v1/sessions/ID | closes one session |
@@ -42,6 +42,7 @@ use tokio::net::UnixListener;
 use tracing::{info, warn};
 
 use crate::server::Gateway;
+use portcullis_store::Health;
 
 /// Binds the admin socket (replacing a stale one) with mode 0660.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
@@ -131,6 +132,11 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
                     "policy_generation": policy.generation,
                     "paused": *gateway.paused.borrow(),
                     "sessions": gateway.sessions.count(),
+                    "audit": match gateway.audit.health() {
+                        Health::Writing => json!({"writing": true}),
+                        Health::Stopped { reason, since } =>
+                            json!({"writing": false, "reason": reason, "since": since}),
+                    },
                 }),
             )
         }

@@ -30,6 +30,22 @@ pub fn describe_target(record: &mut AuditRecord, target: &Target) {
     }
 }
 
+/// The error of a request the audit log could not record: `provider_error`
+/// with `details.audit = "unavailable"`, and `details.ran` saying whether
+/// the request acted (its start entry was durable, its outcome could not
+/// be written) or not (refused before acting). docs/PROTOCOL.md §5.
+pub fn audit_unavailable(ran: bool, why: &str) -> ErrorBody {
+    let message = if ran {
+        format!("the request ran, but the audit log could not record its outcome ({why})")
+    } else {
+        format!(
+            "the audit log cannot write ({why}), so nothing was run; retry once it writes again"
+        )
+    };
+    ErrorBody::new(ErrorCode::ProviderError, message)
+        .with_details(serde_json::json!({"audit": "unavailable", "ran": ran}))
+}
+
 /// The wire name of an error code, as an entry records it.
 pub fn code_name(code: ErrorCode) -> String {
     code.as_str().to_string()

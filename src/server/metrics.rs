@@ -171,6 +171,16 @@ impl Metrics {
             "Audit entries committed since the gateway started.",
             &one(commits.entries as f64),
         );
+        metric(
+            "portcullis_audit_writing",
+            "gauge",
+            "1 while the audit log writes; 0 while it cannot (every request is refused until it can).",
+            &one(if gateway.audit.stopped().is_none() {
+                1.0
+            } else {
+                0.0
+            }),
+        );
         out
     }
 }

@@ -89,7 +89,7 @@ const fn runs(name: &'static str) -> Method {
     Method {
         name,
         capability: Capability::Shell,
-        long_running: true,
+        start_entry: true,
         target: command_target,
         input: no_input,
     }
@@ -98,17 +98,23 @@ const fn runs(name: &'static str) -> Method {
 const METHODS: &[Method] = &[
     runs("shell.exec"),
     runs("shell.start"),
-    Method::plain("shell.input", Capability::Shell),
-    Method::plain("shell.signal", Capability::Shell),
-    Method::plain("shell.cancel", Capability::Shell),
+    acts_on_a_process("shell.input"),
+    acts_on_a_process("shell.signal"),
+    acts_on_a_process("shell.cancel"),
     Method::plain("shell.status", Capability::Shell),
     Method::plain("shell.list", Capability::Shell),
-    Method {
-        long_running: true,
-        ..Method::plain("shell.attach", Capability::Shell)
-    },
-    Method::plain("shell.resize", Capability::Shell),
+    acts_on_a_process("shell.attach"),
+    acts_on_a_process("shell.resize"),
 ];
+
+/// A method that changes a started process (its input, a signal, its
+/// terminal) or takes its output: a start entry before it acts.
+const fn acts_on_a_process(name: &'static str) -> Method {
+    Method {
+        start_entry: true,
+        ..Method::plain(name, Capability::Shell)
+    }
+}
 
 /// The program, working directory, environment and terminal a command
 /// asks for: what the grant's command list and roots are checked against.

@@ -108,15 +108,19 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 const METHODS: &[Method] = &[
     Method::plain("tool.list", Capability::Tools),
     Method {
-        long_running: true,
+        start_entry: true,
         target: tool_target,
         ..Method::plain("tool.call", Capability::Tools)
     },
-    Method::plain("tool.cancel", Capability::Tools),
+    // Ends another call: a start entry before it acts.
+    Method {
+        start_entry: true,
+        ..Method::plain("tool.cancel", Capability::Tools)
+    },
     Method {
         name: "script.run",
         capability: Capability::Scripts,
-        long_running: true,
+        start_entry: true,
         target: script_target,
         input: no_input,
     },

@@ -14,9 +14,9 @@ mod journal;
 use std::path::{Path, PathBuf};
 
 pub use audit::{
-    AuditLog, COMMIT_BUCKETS, CommitStats, Decision, Durability, Entry, Filter, Kind, LogStats,
-    Record, Recovery, RequestContext, Retain, Status, Submitted, VerifyError, VerifyReport,
-    verify_export,
+    AuditLog, COMMIT_BUCKETS, CommitStats, Decision, Durability, Entry, Filter, Health, Kind,
+    LogStats, Record, Recovery, RequestContext, Retain, Status, Submitted, VerifyError,
+    VerifyReport, verify_export,
 };
 pub use checkpoint::{AuditSigner, Checkpoint, PruneMarker, PublicKeyError, decode_public_key};
 use thiserror::Error;

@@ -323,16 +323,23 @@ impl Gateway {
                 "a completing entry without status or completion time: {entry:?}"
             );
         }
+        // Each start entry is completed by exactly one entry naming it.
         for start in entries
             .iter()
             .filter(|e| e.record.kind == Kind::RequestStart)
         {
+            let completions: Vec<_> = completed
+                .iter()
+                .filter(|e| e.record.start_seq == Some(start.seq))
+                .collect();
             assert!(
-                completed.iter().any(|e| e.seq > start.seq
-                    && e.record.connection == start.record.connection
-                    && e.record.request_id == start.record.request_id),
-                "request {:?} started but never completed",
-                start.record.request_id
+                completions.len() == 1
+                    && completions[0].seq > start.seq
+                    && completions[0].record.connection == start.record.connection
+                    && completions[0].record.request_id == start.record.request_id,
+                "request {:?} (start entry {}) completed by {completions:?}",
+                start.record.request_id,
+                start.seq
             );
         }
         // Each egress connection that was made was closed in the log too.

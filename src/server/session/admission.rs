@@ -27,7 +27,7 @@ use tracing::error;
 
 use super::{INPUT_QUEUE, InFlight, Inbox, InboxSender, InputRoute, Session};
 use crate::provider::{
-    Answer, Call, Durable, Method, Nested, Outbound, Providers, StartEntry, StreamSink, Usage,
+    Answer, Call, Method, Nested, Outbound, Providers, StartEntry, StreamSink, Usage,
 };
 use crate::server::Gateway;
 use crate::server::approvals::{Ask, record_outcome};
@@ -47,8 +47,15 @@ pub(super) enum AnswerTo {
 
 /// Why a request is answered without running.
 struct Refusal {
-    code: ErrorCode,
-    message: String,
+    error: ErrorBody,
+}
+
+impl Refusal {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            error: ErrorBody::new(code, message),
+        }
+    }
 }
 
 /// What admission allows a request to run with.
@@ -126,9 +133,8 @@ impl Session {
             };
         }
         match self.admit(&request, &mut record, draining) {
-            Err(refusal) => {
-                self.record_refusal(record, refusal.code).await;
-                let error = ErrorBody::new(refusal.code, refusal.message);
+            Err(Refusal { error }) => {
+                self.record_refusal(record, error.code).await;
                 self.answer(request.id, to, error).await
             }
             Ok(admitted) => {
@@ -159,12 +165,7 @@ impl Session {
         record: &mut AuditRecord,
         draining: bool,
     ) -> Result<Admitted, Refusal> {
-        let refuse = |code, message: &str| {
-            Err(Refusal {
-                code,
-                message: message.to_string(),
-            })
-        };
+        let refuse = |code, message: &str| Err(Refusal::new(code, message));
         let Some(accepted) = &self.accepted else {
             return refuse(
                 ErrorCode::InvalidRequest,
@@ -173,6 +174,14 @@ impl Session {
         };
         if draining {
             return refuse(ErrorCode::RelayDisconnected, "the gateway is shutting down");
+        }
+        // Fail closed: nothing runs, not even a read, while no entry can
+        // be written (the writer retries by itself).
+        if let Some(why) = self.gateway.audit.stopped() {
+            record.rule = Some("the audit log cannot write".into());
+            return Err(Refusal {
+                error: entry::audit_unavailable(false, &why),
+            });
         }
         let limit = self.gateway.config.limits.max_in_flight;
         if self.in_flight.len() >= limit {
@@ -190,10 +199,7 @@ impl Session {
             );
         }
         let method = self.gateway.providers.method(&request.method);
-        let query = Providers::query(method, request).map_err(|e| Refusal {
-            code: e.code,
-            message: e.message,
-        })?;
+        let query = Providers::query(method, request).map_err(|error| Refusal { error })?;
         describe_target(record, &query.target);
         let policy = self.gateway.current_policy();
         // The entry names the generation that decided, even if a reload
@@ -277,7 +283,11 @@ impl Session {
             .as_deref()
             .is_some_and(|m| self.gateway.providers.serves(m));
         self.gateway.metrics.request(&record, served);
-        if let Err(e) = self.gateway.audit.append(record).await {
+        // While the log cannot write, each refusal is counted in the entry
+        // it writes when it resumes; its stop was logged once.
+        if let Err(e) = self.gateway.audit.append(record).await
+            && self.gateway.audit.stopped().is_none()
+        {
             error!(session = self.info.id, "audit: {e}");
         }
     }
@@ -306,19 +316,23 @@ impl Session {
         // approved (in its task, below). Otherwise it is submitted here and
         // is durable before the call acts (see `StartEntry`).
         let mut start_entry = StartEntry::durable();
-        if approval.is_none() && method.long_running {
+        if approval.is_none() && method.start_entry {
             let start = AuditRecord {
                 kind: Kind::RequestStart,
                 ..record.clone()
             };
             match submit(&gateway, start) {
-                Ok(entry) => start_entry = StartEntry::pending(entry),
-                Err(error) => {
-                    let error = ErrorBody::new(
-                        error.code,
-                        format!("{}, so nothing was run", error.message),
-                    );
-                    return self.answer(id, to, error).await;
+                Ok(entry) => {
+                    start_entry = StartEntry::pending(Box::pin(async move {
+                        entry
+                            .await
+                            .map_err(|why| entry::audit_unavailable(false, &why))
+                    }));
+                }
+                Err(why) => {
+                    return self
+                        .answer(id, to, entry::audit_unavailable(false, &why))
+                        .await;
                 }
             }
         }
@@ -363,7 +377,7 @@ impl Session {
             revoked: revoked.clone(),
             requests: self.requests.clone(),
             parent,
-            start_entry,
+            start_entry: start_entry.clone(),
             origin: self.origin.clone(),
         };
         let (outbox, done, end_reason) =
@@ -375,11 +389,18 @@ impl Session {
         // box moves as a pointer.
         tokio::spawn(Box::pin(async move {
             let approved = match approval {
-                None => Ok(()),
+                None => Ok(None),
                 Some(policy) => approve(&gateway, &call, policy, method, &mut record).await,
             };
             let outcome = match approved {
-                Ok(()) => gateway.providers.run(call).await,
+                Ok(approved_start) => {
+                    let outcome = gateway.providers.run(call).await;
+                    record.start_seq = match approved_start {
+                        Some(seq) => Some(seq),
+                        None => start_entry.seq().await,
+                    };
+                    outcome
+                }
                 Err(error) => Err(error),
             };
             let outcome = match outcome {
@@ -396,6 +417,9 @@ impl Session {
                 &usage,
             );
             gateway.metrics.request(&record, true);
+            // Whether the request acted: a read did; one that acts did once
+            // its start entry was durable.
+            let ran = record.start_seq.is_some() || !method.start_entry;
             match to {
                 AnswerTo::Peer => {
                     let response = match gateway.audit.append(record).await {
@@ -405,11 +429,7 @@ impl Session {
                         },
                         Err(e) => {
                             error!("audit: {e}");
-                            let error = ErrorBody::new(
-                                ErrorCode::ProviderError,
-                                "the audit log is unavailable; the outcome was not recorded",
-                            );
-                            Response::err(id.clone(), error)
+                            Response::err(id.clone(), entry::audit_unavailable(ran, &e.to_string()))
                         }
                     };
                     // The id is free before the answer leaves: a peer that
@@ -425,13 +445,15 @@ impl Session {
                     let answered = match submit(&gateway, record) {
                         Ok(entry) => Answer {
                             result: outcome,
-                            entry: Some(entry),
+                            entry: Some(Box::pin(async move {
+                                entry
+                                    .await
+                                    .map(drop)
+                                    .map_err(|why| entry::audit_unavailable(ran, &why))
+                            })),
                         },
-                        Err(error) => Answer {
-                            result: Err(ErrorBody::new(
-                                error.code,
-                                format!("{}; the outcome was not recorded", error.message),
-                            )),
+                        Err(why) => Answer {
+                            result: Err(entry::audit_unavailable(ran, &why)),
                             entry: None,
                         },
                     };
@@ -444,49 +466,53 @@ impl Session {
 }
 
 /// Hands `record` to the audit writer; the entry is durable once the
-/// returned future resolves.
-fn submit(gateway: &Gateway, record: AuditRecord) -> Result<Durable, ErrorBody> {
-    let unavailable = |e: &dyn std::fmt::Display| {
+/// returned future resolves, to its sequence number. An error says why
+/// the log cannot write.
+fn submit(
+    gateway: &Gateway,
+    record: AuditRecord,
+) -> Result<impl std::future::Future<Output = Result<u64, String>> + Send + 'static + use<>, String>
+{
+    let unavailable = |e: portcullis_store::StoreError| {
         error!("audit: {e}");
-        ErrorBody::new(ErrorCode::ProviderError, "the audit log is unavailable")
+        gateway.audit.stopped().unwrap_or_else(|| e.to_string())
     };
-    let submitted = gateway.audit.submit(record).map_err(|e| unavailable(&e))?;
-    Ok(Box::pin(async move {
-        submitted
-            .durable()
-            .await
-            .map(drop)
-            .map_err(|e| unavailable(&e))
-    }))
+    let submitted = gateway.audit.submit(record).map_err(unavailable)?;
+    let audit = gateway.audit.clone();
+    Ok(async move {
+        submitted.await.map_err(|e| {
+            error!("audit: {e}");
+            audit.stopped().unwrap_or_else(|| e.to_string())
+        })
+    })
 }
 
 /// Waits for an operator to approve a parked call (see
 /// `server::approvals`) and records the outcome in its entry; once
-/// approved, a long-running call leaves its start entry.
+/// approved, a call that acts leaves its start entry, whose sequence
+/// number this returns.
 async fn approve(
     gateway: &Gateway,
     call: &Call,
     policy: ApprovalPolicy,
     method: &Method,
     record: &mut AuditRecord,
-) -> Result<(), ErrorBody> {
+) -> Result<Option<u64>, ErrorBody> {
     let ask = Ask::for_request(&call.principal, &call.request, policy);
     let timeout = gateway.config.approval_timeout;
     let outcome = gateway.approvals.obtain(ask, timeout, &call.cancel).await;
     record_outcome(record, &outcome);
     outcome?;
-    if !method.long_running {
-        return Ok(());
+    if !method.start_entry {
+        return Ok(None);
     }
     let start = AuditRecord {
         kind: Kind::RequestStart,
         ..record.clone()
     };
-    gateway.audit.append(start).await.map(drop).map_err(|e| {
-        error!("audit: {e}");
-        ErrorBody::new(
-            ErrorCode::ProviderError,
-            "the audit log is unavailable, so nothing was run",
-        )
-    })
+    match submit(gateway, start) {
+        Ok(entry) => entry.await.map(Some),
+        Err(why) => Err(why),
+    }
+    .map_err(|why| entry::audit_unavailable(false, &why))
 }

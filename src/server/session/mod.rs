@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use portcullis_policy::{Summary, summary};
-use portcullis_store::{Kind, Record as AuditRecord};
+use portcullis_store::{Health, Kind, Record as AuditRecord};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
@@ -231,6 +231,7 @@ impl Session {
         let gateway = self.gateway.clone();
         let mut policy_rx = gateway.policy.subscribe();
         let mut paused_rx = gateway.paused.subscribe();
+        let mut audit_rx = gateway.audit.watch_health();
         let mut expiry = self.next_expiry();
         let mut pinged = false;
         let mut draining = false;
@@ -285,6 +286,13 @@ impl Session {
                 Ok(()) = paused_rx.changed() => {
                     let event = if *paused_rx.borrow_and_update() { "provider.paused" } else { "provider.resumed" };
                     self.event(event, json!({})).await;
+                }
+                Ok(()) = audit_rx.changed() => {
+                    let health = audit_rx.borrow_and_update().clone();
+                    match health {
+                        Health::Stopped { reason, .. } => self.event("provider.audit_stopped", json!({"reason": reason})).await,
+                        Health::Writing => self.event("provider.audit_resumed", json!({})).await,
+                    }
                 }
                 Some(item) = done_rx.recv() => {
                     self.take_inbox(item, &done_tx, draining).await;

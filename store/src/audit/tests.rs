@@ -932,7 +932,10 @@ fn start_entries_open_at_a_crash_are_completed_as_interrupted() {
     assert!(!status.success(), "the child aborts");
     let store = Store::open(&dir).unwrap();
     let log = store.audit(None).unwrap();
-    assert!(log.recovery().restored > 0, "sled lost entries in the crash");
+    assert!(
+        log.recovery().restored > 0,
+        "sled lost entries in the crash"
+    );
     let open: Vec<String> = (1..=REQUESTS)
         .filter(|i| i.is_multiple_of(7))
         .map(|i| format!("r{i}"))
