@@ -17,6 +17,10 @@ use crate::StoreError;
 use crate::checkpoint::AuditSigner;
 use crate::journal::{self, Journal};
 
+/// A committed entry on its way into sled, with what it does to the open
+/// intents.
+type Indexed = (Stored, Option<Intent>);
+
 /// The single writer: sequence numbers and the chain head live here only.
 pub(super) struct Writer {
     pub(super) db: sled::Db,
@@ -40,7 +44,7 @@ pub(super) struct Writer {
     pub(super) last_attempt: std::time::Instant,
     /// Committed entries, and what they do to the open intents, not yet
     /// in sled (sled failed to take them; the journal holds them).
-    pub(super) unindexed: VecDeque<(Stored, Option<Intent>)>,
+    pub(super) unindexed: VecDeque<Indexed>,
     pub(super) checkpoints: sled::Tree,
     pub(super) meta: sled::Tree,
     pub(super) signer: Option<AuditSigner>,
@@ -235,7 +239,7 @@ impl Writer {
     pub(super) fn commit<'a>(
         &mut self,
         records: impl Iterator<Item = &'a Record>,
-    ) -> (Vec<Result<u64, StoreError>>, Vec<(Stored, Option<Intent>)>) {
+    ) -> (Vec<Result<u64, StoreError>>, Vec<Indexed>) {
         let records: Vec<&Record> = records.collect();
         if let Some(reason) = &self.failed {
             self.lost += records.len() as u64;
@@ -305,7 +309,7 @@ impl Writer {
     /// journal avoids (the journal, not sled, makes a group atomic). If
     /// sled fails, the entries are safe in the journal (the next start puts
     /// them back) and the writer stops, as after a failed commit.
-    pub(super) fn index(&mut self, values: Vec<(Stored, Option<Intent>)>) {
+    pub(super) fn index(&mut self, values: Vec<Indexed>) {
         self.unindexed.extend(values);
         if let Err(e) = self.index_pending() {
             self.stop(e);
