@@ -50,7 +50,7 @@ pub struct ListArgs {
 /// Where the entries come from.
 enum Backend {
     Daemon(PathBuf),
-    Offline(portcullis_store::AuditLog, Store),
+    Offline(Box<portcullis_store::AuditLog>, Store),
 }
 
 fn backend(source: &Source, rt: &tokio::runtime::Runtime) -> Result<Backend, String> {
@@ -67,7 +67,7 @@ fn backend(source: &Source, rt: &tokio::runtime::Runtime) -> Result<Backend, Str
     }
     let store = Store::open(&config.state_dir.join("store")).map_err(|e| e.to_string())?;
     let log = store.audit(None).map_err(|e| e.to_string())?;
-    Ok(Backend::Offline(log, store))
+    Ok(Backend::Offline(Box::new(log), store))
 }
 
 fn daemon(
