@@ -172,7 +172,8 @@ impl Sftp {
             let ok_status = kind == STATUS && body.get(4..8) == Some(&[0, 0, 0, 0][..]);
             let next = match stage {
                 Stage::Opening if kind == HANDLE => {
-                    let handle = body.get(8..).ok_or("sftp: a short handle")?.to_vec();
+                    // The handle as a string: its length, then its bytes.
+                    let handle = body.get(4..).ok_or("sftp: a short handle")?.to_vec();
                     let mut payload = Vec::with_capacity(32 + data.len());
                     payload.extend_from_slice(&next_id.to_be_bytes());
                     payload.extend_from_slice(&handle);
@@ -197,9 +198,18 @@ impl Sftp {
                     }
                     None
                 }
-                _ => {
+                stage => {
+                    let stage = match stage {
+                        Stage::Opening => "OPEN",
+                        Stage::Writing(_) => "WRITE",
+                        Stage::Closing => "CLOSE",
+                    };
+                    let status = body
+                        .get(4..8)
+                        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                    let message = String::from_utf8_lossy(body.get(12..).unwrap_or_default());
                     return Err(format!(
-                        "sftp: writing {prefix}{slot} got packet type {kind}"
+                        "sftp: {stage} of {prefix}{slot} got packet type {kind} (status {status:?}: {message})"
                     ));
                 }
             };
