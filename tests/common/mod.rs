@@ -44,6 +44,12 @@ impl Gateway {
     /// [`start`](Self::start) with extra variables in the daemon's
     /// environment.
     pub fn start_with_env(policy: &str, limits: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_in(policy, limits, env, "state")
+    }
+
+    /// [`start`](Self::start) with the store in `state_dir` (absolute, or
+    /// relative to the gateway's directory).
+    pub fn start_in(policy: &str, limits: &str, env: &[(&str, &str)], state_dir: &str) -> Self {
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -65,7 +71,7 @@ impl Gateway {
         .unwrap();
         let config = format!(
             "listen = [\"127.0.0.1:0\"]\nkey_file = \"gateway.key\"\npolicy = \"policy.toml\"\n\
-             state_dir = \"state\"\nadmin_socket = \"admin.sock\"\n{limits}\n"
+             state_dir = \"{state_dir}\"\nadmin_socket = \"admin.sock\"\n{limits}\n"
         );
         std::fs::write(dir.join("portcullis.toml"), config).unwrap();
         let (child, addr) = spawn(&dir, &env);
