@@ -40,7 +40,8 @@ pub struct ListArgs {
     /// allowed, approved or blocked.
     #[arg(long)]
     pub decision: Option<String>,
-    /// succeeded, failed or cancelled.
+    /// succeeded, failed, cancelled or interrupted (the gateway stopped
+    /// after the request's start entry and before its answer).
     #[arg(long)]
     pub status: Option<String>,
     #[arg(long, default_value_t = 50)]
