@@ -338,6 +338,61 @@ async fn a_script_calls_a_thousand_tools_in_one_request_each_audited() {
         remote(&alice.request("script.run", json!({"source": over})).await);
     assert_eq!(code, ErrorCode::ProviderError);
     assert_eq!(details["limit"], "max_tool_calls", "{message}");
+    // Nor can the script catch it and carry on.
+    let caught = r#"
+        let made = 0;
+        for i in 0..20 { try { call_tool("add", #{a: 1, b: 1}); made += 1; } catch (e) { } }
+        made
+    "#;
+    let limited = json!({"source": caught, "limits": {"max_tool_calls": 3}});
+    let (code, message, details) = remote(&alice.request("script.run", limited).await);
+    assert_eq!(code, ErrorCode::ProviderError);
+    assert_eq!(details["limit"], "max_tool_calls", "{message}");
+}
+
+/// A script's source counts against the grant's `max_string_size` (64 KiB
+/// here, and never more than 64 KiB).
+#[tokio::test]
+async fn a_script_longer_than_max_string_size_is_refused() {
+    let Setup { gw: _gw, alice, .. } = setup().await;
+    let fits = format!("// {}\n1", "x".repeat(60 * 1024));
+    assert_eq!(
+        alice
+            .request("script.run", json!({"source": fits}))
+            .await
+            .unwrap()["value"],
+        1
+    );
+    let asked_less =
+        json!({"source": "// padding padding padding\n1", "limits": {"max_string_size": 16}});
+    let (code, message, _) = remote(&alice.request("script.run", asked_less).await);
+    assert_eq!(code, ErrorCode::InvalidRequest, "{message}");
+    assert!(message.contains("max_string_size"), "{message}");
+}
+
+/// `tool.cancel` reaches a call that is still waiting for its approval.
+#[tokio::test]
+async fn a_call_waiting_for_approval_is_cancelled_by_tool_cancel() {
+    let Setup { gw, alice, .. } = setup().await;
+    let handle = alice
+        .start(
+            "tool.call",
+            json!({"name": "wipe", "arguments": {"what": "x"}}),
+        )
+        .await
+        .unwrap();
+    waiting(&gw, 1).await;
+    let id = handle.id.to_string();
+    let cancelled = alice
+        .request("tool.cancel", json!({"request_id": id}))
+        .await
+        .unwrap();
+    assert_eq!(cancelled["cancelled"], true);
+    assert_eq!(remote(&handle.response().await).0, ErrorCode::Cancelled);
+    assert!(
+        waiting(&gw, 0).await.is_empty(),
+        "still listed for approval"
+    );
 }
 
 #[tokio::test]

@@ -323,12 +323,22 @@ pub trait Provider: Send + Sync + 'static {
     fn prepares_during_start_entry(&self, _request: &Request) -> bool {
         false
     }
+    /// Called once a call is admitted, before it waits for an approval:
+    /// what the provider keeps about it until the call ends (dropped
+    /// then). `tool.cancel` finds a call still waiting for its approval
+    /// this way.
+    fn track(&self, _call: &Call) -> Option<Tracked> {
+        None
+    }
     fn call(&self, call: Call) -> Reply;
     /// What the provider holds now, for the metrics endpoint.
     fn gauges(&self) -> Vec<Gauge> {
         Vec::new()
     }
 }
+
+/// What [`Provider::track`] keeps about a call while it runs.
+pub type Tracked = Box<dyn Send>;
 
 /// One gauge of a provider's, in the Prometheus text format's terms.
 pub struct Gauge {
@@ -427,6 +437,12 @@ impl Providers {
             let decision = portcullis_policy::decide(policy, principal, &query, now);
             matches!(decision.verdict, portcullis_policy::Verdict::Allow)
         })
+    }
+
+    /// [`Provider::track`] of the call's provider.
+    pub fn track(&self, call: &Call) -> Option<Tracked> {
+        let (provider, _) = self.by_method.get(call.request.method.as_str())?;
+        provider.track(call)
     }
 
     /// Runs the call until it answers or is cancelled. Dropping the

@@ -39,11 +39,13 @@ const CHECK_EVERY: u64 = 1024;
 /// read (one `pread` of /proc/self/statm) at every progress check.
 pub const MAX_MEMORY_GROWTH: u64 = 512 << 20;
 
-/// Why `on_progress` stopped a script: the value it terminates with.
+/// Why a script was stopped (by `on_progress`, or by a host function at a
+/// limit): the value it terminates with, which `try` cannot catch.
 pub const STOP_MEMORY: &str = "max_memory";
 pub const STOP_DEADLINE: &str = "max_wall_time";
 pub const STOP_CANCELLED: &str = "cancelled";
 pub const STOP_OUTPUT: &str = "max_output";
+pub const STOP_TOOL_CALLS: &str = "max_tool_calls";
 
 /// The standard packages, built once and shared by every engine.
 fn standard() -> rhai::Shared<rhai::Module> {
@@ -294,6 +296,11 @@ pub fn error_body(error: &EvalAltResult, limits: &ScriptLimits) -> ErrorBody {
                 "max_output",
                 limits.max_output,
                 "print and debug wrote too much",
+            ),
+            Ok(STOP_TOOL_CALLS) => limit(
+                "max_tool_calls",
+                limits.max_tool_calls,
+                "one call_tool too many",
             ),
             _ => ErrorBody::new(ErrorCode::Cancelled, "the script was cancelled"),
         },

@@ -217,22 +217,20 @@ impl Host {
         engine.on_debug(move |text, _, _| debug.send("log", text));
     }
 
+    /// Counts a `call_tool`; past `max_tool_calls` the script ends there,
+    /// as at any other limit: the termination cannot be caught.
+    fn count_tool_call(&self) -> Result<(), Box<EvalAltResult>> {
+        let made = self.tool_calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if made > self.limits.max_tool_calls {
+            let stop = Dynamic::from(engine::STOP_TOOL_CALLS);
+            return Err(EvalAltResult::ErrorTerminated(stop, rhai::Position::NONE).into());
+        }
+        Ok(())
+    }
+
     /// `call_tool(name, args)`: a `tool.call` request of the script's own;
     /// its value.
     fn call_tool(&self, name: &str, args: Value) -> Result<Value, ErrorBody> {
-        let made = self.tool_calls.fetch_add(1, Ordering::Relaxed) + 1;
-        if made > self.limits.max_tool_calls {
-            return Err(ErrorBody::new(
-                ErrorCode::ProviderError,
-                format!(
-                    "the script hit its limit max_tool_calls ({})",
-                    self.limits.max_tool_calls
-                ),
-            )
-            .with_details(
-                json!({"limit": "max_tool_calls", "value": self.limits.max_tool_calls}),
-            ));
-        }
         let mut params = Map::new();
         params.insert("name".into(), Value::String(name.to_string()));
         params.insert("arguments".into(), args);
@@ -330,10 +328,12 @@ fn register_host_functions(engine: &mut rhai::Engine, host: &Arc<Host>) {
 
     let h = host.clone();
     engine.register_fn("call_tool", move |name: &str, args: rhai::Map| -> Answer {
+        h.count_tool_call()?;
         answer(h.call_tool(name, args_json(args)?))
     });
     let h = host.clone();
     engine.register_fn("call_tool", move |name: &str| -> Answer {
+        h.count_tool_call()?;
         answer(h.call_tool(name, json!({})))
     });
     let h = host.clone();

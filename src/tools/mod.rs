@@ -190,6 +190,13 @@ impl Provider for Tools {
         Duration::from_secs(2)
     }
 
+    /// A `tool.call` can be cancelled from the start, also while it waits
+    /// for an approval.
+    fn track(&self, call: &Call) -> Option<crate::provider::Tracked> {
+        (call.request.method == "tool.call")
+            .then(|| Box::new(Running::register(self, call)) as crate::provider::Tracked)
+    }
+
     fn call(&self, call: Call) -> Reply {
         let tools = self.clone();
         match call.request.method.as_str() {
@@ -200,6 +207,9 @@ impl Provider for Tools {
         }
     }
 }
+
+/// The longest script source `script.run` takes.
+const MAX_SOURCE: u64 = 64 * 1024;
 
 /// Scripts and tools running at once, at most.
 pub fn pool_size() -> usize {
@@ -225,21 +235,25 @@ fn list(call: &Call) -> Value {
     json!({"tools": tools, "generation": policy.generation})
 }
 
-/// A running `tool.call`, listed for `tool.cancel` until dropped.
-struct Running<'a> {
-    tools: &'a Tools,
+/// A `tool.call`, listed for `tool.cancel` from admission (waiting for
+/// its approval too) until dropped.
+struct Running {
+    tools: Tools,
     key: (String, String),
 }
 
-impl<'a> Running<'a> {
-    fn register(tools: &'a Tools, call: &Call) -> Self {
+impl Running {
+    fn register(tools: &Tools, call: &Call) -> Self {
         let key = (call.principal.clone(), call.request.id.to_string());
         lock(&tools.0.running).insert(key.clone(), call.cancel.clone());
-        Self { tools, key }
+        Self {
+            tools: tools.clone(),
+            key,
+        }
     }
 }
 
-impl Drop for Running<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
         lock(&self.tools.0.running).remove(&self.key);
     }
@@ -281,7 +295,6 @@ impl Tools {
             .or_else(|| call.request.params.get("args"))
             .cloned()
             .unwrap_or_else(|| json!({}));
-        let _running = Running::register(self, &call);
         let registry = self.registry(&call.policy);
         let host = Host::new(
             &call,
@@ -309,11 +322,14 @@ impl Tools {
             Some(Value::String(source)) => source.clone(),
             _ => return Err(invalid("script.run needs `source`, the Rhai text")),
         };
-        if source.len() as u64 > limits.max_string_size.max(64 * 1024) {
+        // The source is a string the script holds: the limit on strings
+        // bounds it (as asked, within the grant), and 64 KiB (a frame)
+        // at most.
+        let most = limits.max_string_size.min(MAX_SOURCE);
+        if source.len() as u64 > most {
             return Err(invalid(format!(
-                "the script is {} bytes; at most {} (the grant's max_string_size, or 64 KiB)",
+                "the script is {} bytes; at most {most} (its max_string_size, and 64 KiB)",
                 source.len(),
-                limits.max_string_size.max(64 * 1024)
             )));
         }
         let args = call

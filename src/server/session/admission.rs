@@ -388,6 +388,7 @@ impl Session {
         // were about 5 % of the gateway's CPU at 256 requests in flight; a
         // box moves as a pointer.
         tokio::spawn(Box::pin(async move {
+            let tracked = gateway.providers.track(&call);
             let approved = match approval {
                 None => Ok(None),
                 Some(policy) => approve(&gateway, &call, policy, method, &mut record).await,
@@ -403,6 +404,7 @@ impl Session {
                 }
                 Err(error) => Err(error),
             };
+            drop(tracked);
             let outcome = match outcome {
                 Err(error) if error.code == ErrorCode::Cancelled => {
                     let reason = revoked.get().or(end_reason.get()).cloned();
