@@ -150,3 +150,44 @@ fn explain_prints_the_decision_and_its_rule() {
     assert_eq!(out.status.code(), Some(1));
     std::fs::remove_file(policy).unwrap();
 }
+
+/// A tool whose script is missing or does not compile fails the check,
+/// each named; a good one passes.
+#[test]
+fn check_reports_tools_whose_scripts_are_missing_or_do_not_compile() {
+    let dir = std::env::temp_dir().join(format!("portcullis-cli-tools-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("tools")).unwrap();
+    std::fs::write(dir.join("tools/good.rhai"), "1 + 1").unwrap();
+    std::fs::write(dir.join("tools/broken.rhai"), "let = ;").unwrap();
+    let tool = |name: &str| {
+        format!(
+            "[[tool]]\nname = \"{name}\"\ndescription = \"d\"\ninput_schema = {{ type = \"object\" }}\n\
+             risk = \"low\"\napproval_policy = \"allow\"\nscript = \"tools/{name}.rhai\"\n\n"
+        )
+    };
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, tool("good")).unwrap();
+    let out = portcullis(&["policy", "check", policy.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    std::fs::write(
+        &policy,
+        [tool("good"), tool("broken"), tool("missing")].concat(),
+    )
+    .unwrap();
+    let out = portcullis(&["policy", "check", policy.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("tool `broken`") && stderr.contains("does not compile"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("tool `missing`") && stderr.contains("cannot read"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("tool `good`"), "{stderr}");
+    assert!(stderr.contains("2 errors"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,7 +9,27 @@ use serde_json::json;
 use crate::cli::{EXIT_NO, fail};
 
 pub fn check(file: &Path, json: bool) -> ExitCode {
-    match load_file(file) {
+    // A tool whose script is missing or does not compile is an error here,
+    // not a surprise at its first call.
+    let loaded = load_file(file).and_then(|policy| {
+        let policy = std::sync::Arc::new(policy);
+        let problems = portcullis::tools::registry::Registry::compile(policy.clone()).problems();
+        match problems.is_empty() {
+            true => Ok(policy),
+            false => Err(portcullis_policy::PolicyErrors(
+                problems
+                    .into_iter()
+                    .map(|message| portcullis_policy::PolicyError {
+                        file: file.display().to_string(),
+                        line: 0,
+                        column: 0,
+                        message,
+                    })
+                    .collect(),
+            )),
+        }
+    });
+    match loaded {
         Ok(policy) => {
             if json {
                 println!(

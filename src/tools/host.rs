@@ -133,10 +133,15 @@ impl Host {
     fn execute_tool(&self, compiled: &CompiledTool, args: Value) -> Result<Value, ErrorBody> {
         let tool = &compiled.tool;
         compiled.validate(&args)?;
-        let ast = compiled
-            .ast
-            .as_ref()
-            .map_err(|e| provider_error(format!("tool `{}` cannot run: {e}", tool.name)))?;
+        let ast = compiled.ast.as_ref().map_err(|_| {
+            // Which file and why are in the gateway's log (from the
+            // compile); host paths stay there.
+            provider_error(format!(
+                "tool `{}` cannot run: its script cannot be read or does not compile \
+                     (the gateway's log says why)",
+                tool.name
+            ))
+        })?;
         let secrets = Arc::new(Secrets::load(&tool.secrets, self.secrets_dir.as_deref())?);
         let deadline = self
             .watch

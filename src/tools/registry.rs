@@ -91,6 +91,24 @@ impl Registry {
         Self { policy, tools }
     }
 
+    /// What makes a tool unusable — its script cannot be read or does not
+    /// compile, its input schema is not one — for `policy check`.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for compiled in &self.tools {
+            let name = &compiled.tool.name;
+            if let Err(e) = &compiled.ast {
+                problems.push(format!("tool `{name}`: {e}"));
+            }
+            if let Err(e) = &compiled.schema {
+                problems.push(format!(
+                    "tool `{name}`: input_schema is not a JSON Schema: {e}"
+                ));
+            }
+        }
+        problems
+    }
+
     pub fn tool(&self, name: &str) -> Result<&CompiledTool, ErrorBody> {
         let found = self.tools.iter().find(|t| t.tool.name == name);
         found.ok_or_else(|| {
@@ -158,7 +176,7 @@ pub struct Secrets {
 impl Secrets {
     /// Reads each of `names` from `dir` (one file per secret; a trailing
     /// newline is dropped). A secret that cannot be read is an error that
-    /// names the file, never its content.
+    /// names the secret (the log names its file), never its content.
     pub fn load(names: &[String], dir: Option<&Path>) -> Result<Self, ErrorBody> {
         let mut values = Vec::new();
         for name in names {
@@ -172,9 +190,11 @@ impl Secrets {
             };
             let path = dir.join(name);
             let data = Zeroizing::new(read_limited(&path, MAX_SECRET_BYTES).map_err(|e| {
+                // The host path is for the operator's log, not the caller.
+                tracing::warn!("secret `{name}` ({}): {e}", path.display());
                 ErrorBody::new(
                     ErrorCode::ProviderError,
-                    format!("secret `{name}` ({}): {e}", path.display()),
+                    format!("secret `{name}` cannot be read (the gateway's log says why)"),
                 )
             })?);
             let text = Zeroizing::new(String::from_utf8_lossy(&data).into_owned());
