@@ -170,8 +170,9 @@ enum AuditCommand {
     /// Recompute the hash chain and check the signed checkpoints; exit 0 if
     /// intact, 2 if broken (naming the first broken link).
     Verify(cli::audit::VerifyArgs),
-    /// Write the log (entries and signed checkpoints) as JSON Lines; the
-    /// daemon must be stopped.
+    /// Write the log (entries and signed checkpoints) as JSON Lines, for
+    /// `audit verify --file` anywhere (through the daemon's admin socket
+    /// while it runs, else from the store).
     Export {
         /// Write here instead of stdout.
         #[arg(long)]

@@ -327,7 +327,10 @@ pub fn export(source: Source, output: Option<PathBuf>) -> ExitCode {
                 .block_on(admin::download(&socket, "/v1/audit/export", &mut out))
                 .map_err(|e| e.to_string())?,
             Backend::Offline(log, _store) => {
-                log.export(&mut out).map_err(|e| e.to_string())?;
+                // The header names the key, as the daemon's export does.
+                let key = verifying_key(&source, &None)?;
+                log.export_naming(&mut out, key.as_deref())
+                    .map_err(|e| e.to_string())?;
             }
         }
         out.flush().map_err(|e| e.to_string())

@@ -93,9 +93,19 @@ impl AuditLog {
     /// Verifiable offline with [`super::verify_export`] and the audit
     /// public key. Returns the entry count.
     pub fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
+        self.export_naming(out, self.public_key.as_deref())
+    }
+
+    /// [`export`](Self::export) whose header names `public_key` (a log
+    /// opened without its signer, by a reader, knows no key of its own).
+    pub fn export_naming(
+        &self,
+        out: &mut dyn std::io::Write,
+        public_key: Option<&[u8]>,
+    ) -> Result<u64, StoreError> {
         let io = |e| StoreError::io("writing the export", e);
         let header = serde_json::json!({"type": "header", "format": EXPORT_FORMAT,
-            "public_key": self.public_key.as_ref().map(|k| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, k))});
+            "public_key": public_key.map(|k| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, k))});
         writeln!(out, "{header}").map_err(io)?;
         if let Some(Ok(marker)) = self.prune_marker()? {
             writeln!(
