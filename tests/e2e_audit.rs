@@ -295,8 +295,7 @@ async fn every_request_ends_in_exactly_one_entry() {
     // Its header names the key, as a live export's does.
     for file in [&export, &live_export] {
         let text = std::fs::read_to_string(file).unwrap();
-        let header: serde_json::Value =
-            serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        let header: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
         assert_eq!(header["public_key"], key.trim(), "{}", file.display());
     }
     let other = portcullis_store::AuditSigner::load_or_create(&gw.dir.join("other.key"))

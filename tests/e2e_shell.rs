@@ -356,7 +356,8 @@ async fn the_sandbox_confines_files_network_and_resources() {
 }
 
 /// Launchers wait in the pool at the lowest CPU priority, where this
-/// process may take a priority back (root here; otherwise `RLIMIT_NICE`),
+/// process may take a priority back (root here; otherwise `RLIMIT_NICE`)
+/// and so may a launcher inside its world (`RLIMIT_NICE` alone),
 /// except one started while the pool was empty; the command runs at the
 /// daemon's.
 #[tokio::test]
@@ -373,6 +374,23 @@ async fn launchers_wait_at_the_lowest_priority_and_commands_run_at_the_daemons()
     })
     .join()
     .unwrap();
+    // …and the launcher inside a world, without capabilities there, may
+    // take it back too: RLIMIT_NICE is 20, or may be raised to it (as the
+    // daemon then does; a root without CAP_SYS_RESOURCE may not).
+    let limit_allows = {
+        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+        let limit = getrlimit(Resource::Nice);
+        limit.current.is_none_or(|current| current >= 20)
+            || setrlimit(
+                Resource::Nice,
+                Rlimit {
+                    current: Some(20),
+                    maximum: limit.maximum.map(|max| max.max(20)),
+                },
+            )
+            .is_ok()
+    };
+    let can_lower_and_restore = can_lower_and_restore && limit_allows;
     // The first command found the pool empty: of the two started after
     // it, the first at the daemon's priority, the second (one waiting
     // already) at the lowest.

@@ -481,16 +481,19 @@ fn file_terms<'g>(
     path: &str,
     access: Access,
 ) -> Result<(FileTerms, &'g str, String), Refusal> {
-    let Some(root) = policy.root(root_id) else {
-        return Err((
-            Denial::UnknownRoot,
-            format!("root `{root_id}` is not defined"),
-        ));
-    };
+    // Not granted, whether or not the root exists: the answer must not
+    // tell a principal which roots there are beyond its own.
     let Some((mode, grant)) = root_mode(grants, root_id) else {
         return Err((
             Denial::NotGranted,
             format!("no grant gives principal `{principal}` root `{root_id}` (deny by default)"),
+        ));
+    };
+    let Some(root) = policy.root(root_id) else {
+        // Loading refuses a grant of an undefined root; kept for safety.
+        return Err((
+            Denial::UnknownRoot,
+            format!("root `{root_id}` is not defined"),
         ));
     };
     let relative: RelativePath = normalize(&root.virtual_path, path)
@@ -657,18 +660,20 @@ fn shell(policy: &Policy, grants: &[&Grant], principal: &str, command: &Target) 
 
 fn tool(policy: &Policy, grants: &[&Grant], principal: &str, name: &str) -> Decision {
     let cap = Some(Capability::Tools);
+    // Not granted, whether or not the tool exists (as for roots); only a
+    // name the principal's grants match can be unknown.
+    let Some(allowing) = grants
+        .iter()
+        .find(|g| g.tools.as_ref().is_some_and(|t| t.allow_set.is_match(name)))
+    else {
+        return not_granted(cap, principal, &format!("tool `{name}`"));
+    };
     let Some(tool) = policy.tool(name) else {
         return Decision::deny(
             Denial::UnknownTool,
             cap,
             format!("tool `{name}` is not defined"),
         );
-    };
-    let Some(allowing) = grants
-        .iter()
-        .find(|g| g.tools.as_ref().is_some_and(|t| t.allow_set.is_match(name)))
-    else {
-        return not_granted(cap, principal, &format!("tool `{name}`"));
     };
     // Strictest of the tool's own policy and every matching override.
     let mut approval = tool.approval_policy;

@@ -143,9 +143,11 @@ fileops = { main = "rw", logs = "ro" }
         verdict(&p, "bob", query("file.read", path("main", "a"))),
         Verdict::Deny(Denial::NotGranted)
     );
+    // A root that does not exist is not granted either: the answer does
+    // not tell which roots exist.
     assert_eq!(
         verdict(&p, "alice", query("file.read", path("etc", "a"))),
-        Verdict::Deny(Denial::UnknownRoot)
+        Verdict::Deny(Denial::NotGranted)
     );
     assert_eq!(
         verdict(
@@ -472,8 +474,14 @@ tools = { allow = [], approval = { "disk_*" = "always_ask" } }
         verdict(&p, "alice", query("tool.call", tool("wipe"))),
         Verdict::Deny(Denial::Blocked)
     );
+    // A name no grant matches is not granted, defined or not; a name a
+    // grant's glob matches may be unknown.
     assert_eq!(
         verdict(&p, "alice", query("tool.call", tool("nope"))),
+        Verdict::Deny(Denial::NotGranted)
+    );
+    assert_eq!(
+        verdict(&p, "alice", query("tool.call", tool("disk_nope"))),
         Verdict::Deny(Denial::UnknownTool)
     );
     let d = decide(&p, "bob", &query("tool.call", tool("disk_usage")), now());

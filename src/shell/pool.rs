@@ -32,8 +32,10 @@
 //! (`--nice`, [`Launchers::restored_nice`]), before it sets anything up. When the pool
 //! has run dry, demand is outrunning the starter: it then starts launchers
 //! at the daemon's priority until one waits again. All this needs
-//! `RLIMIT_NICE` ≥ 20 (the unit's `LimitNICE=+0`) or `CAP_SYS_NICE`; where
-//! a probe finds neither, launchers start at the daemon's priority.
+//! `RLIMIT_NICE` ≥ 20 (the unit's `LimitNICE=+0`, or raised here with
+//! `CAP_SYS_RESOURCE`), which the launcher inside a world relies on; where
+//! the probe finds it cannot be had, launchers start at the daemon's
+//! priority.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -395,6 +397,25 @@ fn can_restore(nice: i32) -> Result<(), NiceError> {
     if nice >= LOWEST_NICE {
         return Err(NiceError::AlreadyLowest(nice));
     }
+    // The launcher inside a command's world has no capability in the
+    // host's user namespace: it takes the priority back under RLIMIT_NICE
+    // alone (the daemon's renice of its group can miss a process forked at
+    // that moment). So the limit must allow it, raised here if it may be;
+    // the launchers inherit it.
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let needed = (20 - nice) as u64;
+    let limit = getrlimit(Resource::Nice);
+    if limit.current.is_some_and(|current| current < needed) {
+        let raised = Rlimit {
+            current: Some(needed),
+            maximum: limit.maximum.map(|max| max.max(needed)),
+        };
+        setrlimit(Resource::Nice, raised).map_err(|source| NiceError::Limit {
+            current: limit.current.unwrap_or_default(),
+            needed,
+            source,
+        })?;
+    }
     let tried = std::thread::spawn(move || {
         rustix::process::setpriority_process(None, LOWEST_NICE).map_err(NiceError::Lower)?;
         rustix::process::setpriority_process(None, nice)
@@ -418,6 +439,16 @@ enum NiceError {
     )]
     TakeBack {
         nice: i32,
+        source: rustix::io::Errno,
+    },
+    #[error(
+        "RLIMIT_NICE is {current} and cannot be raised to {needed} ({source}): a command's \
+         launcher could not take its priority back inside its world (the unit's LimitNICE=+0 \
+         sets it)"
+    )]
+    Limit {
+        current: u64,
+        needed: u64,
         source: rustix::io::Errno,
     },
     #[error("the probe thread failed")]
