@@ -167,8 +167,9 @@ enum AuditCommand {
     List(cli::audit::ListArgs),
     /// Show one entry in full.
     Show { seq: u64 },
-    /// Recompute the hash chain and check the signed checkpoints; exit 0 if
-    /// intact, 2 if broken (naming the first broken link).
+    /// Recompute the hash chain and check the signed checkpoints (and, with
+    /// --checkpoint, that the log still extends one kept off the host);
+    /// exit 0 if intact, 2 if broken (naming the first broken link).
     Verify(cli::audit::VerifyArgs),
     /// Write the log (entries and signed checkpoints) as JSON Lines, for
     /// `audit verify --file` anywhere (through the daemon's admin socket
@@ -180,6 +181,11 @@ enum AuditCommand {
     },
     /// Print the audit public key (base64) that signs checkpoints.
     Key,
+    /// Print the newest signed checkpoint (it covers every acknowledged
+    /// entry) as a signed note (C2SP tlog-checkpoint), to keep off this
+    /// host; `audit verify --checkpoint FILE` proves the log still extends
+    /// it.
+    Checkpoint,
     /// Remove entries older than --before, leaving a signed marker so the
     /// rest still verifies.
     Prune {
@@ -301,6 +307,10 @@ fn main() -> ExitCode {
             action: AuditCommand::Key,
             source,
         } => cli::audit::key(source),
+        Command::Audit {
+            action: AuditCommand::Checkpoint,
+            source,
+        } => cli::audit::checkpoint(source),
         Command::Audit {
             action: AuditCommand::Tail { lines, follow },
             source,

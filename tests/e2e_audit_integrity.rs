@@ -415,3 +415,125 @@ async fn no_file_changes_without_its_start_entry_across_sigkill() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `audit checkpoint` prints a signed note to keep off the host; `audit
+/// verify --checkpoint` proves the log (live, or an export) still extends
+/// it — and catches entries deleted from an export's end even when its
+/// checkpoints were signed again with the host's own key.
+#[tokio::test]
+async fn a_checkpoint_kept_off_the_host_catches_a_truncated_and_resigned_log() {
+    let alice = StaticKeypair::generate().unwrap();
+    let gw = Gateway::start(&policy(&alice), "");
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    let write = |n: usize| json!({"root_id": "main", "path": format!("f{n}.txt"), "content": "x"});
+    for n in 0..5 {
+        client.request("file.write", write(n)).await.unwrap();
+    }
+    let out = gw.cli_config(&["audit", "checkpoint"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let note = String::from_utf8(out.stdout).unwrap();
+    assert!(note.starts_with("portcullis-audit/"), "{note}");
+    assert!(note.contains("\n\n\u{2014} portcullis-audit/"), "{note}");
+    let note_path = gw.dir.join("kept.note");
+    std::fs::write(&note_path, &note).unwrap();
+    let kept_seq: u64 = note.lines().nth(1).unwrap().parse().unwrap();
+
+    for n in 5..8 {
+        client.request("file.write", write(n)).await.unwrap();
+    }
+    let note_arg = note_path.to_str().unwrap();
+    let out = gw.cli_config(&["audit", "verify", "--checkpoint", note_arg]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("still extends the checkpoint kept off the host"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let export = gw.dir.join("export.jsonl");
+    let out = gw.cli_config(&["audit", "export", "--output", export.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8(gw.cli_config(&["audit", "key"]).stdout).unwrap();
+    let key = key.trim();
+    let verify_export = |file: &Path, kept: bool| {
+        let mut args = vec![
+            "audit",
+            "verify",
+            "--file",
+            file.to_str().unwrap(),
+            "--key",
+            key,
+        ];
+        if kept {
+            args.extend(["--checkpoint", note_arg]);
+        }
+        gw.cli_config(&args)
+    };
+    assert!(verify_export(&export, true).status.success());
+
+    // Cut the export below the kept checkpoint, and sign its new end with
+    // the host's own key, as whoever holds the host could.
+    let cut = kept_seq - 2;
+    let mut kept_lines = Vec::new();
+    let mut last_hash = String::new();
+    for line in std::fs::read_to_string(&export).unwrap().lines() {
+        let value: Value = serde_json::from_str(line).unwrap();
+        let seq = match value["type"].as_str() {
+            Some("entry") => value["entry"]["seq"].as_u64(),
+            Some("checkpoint") => value["checkpoint"]["seq"].as_u64(),
+            _ => None,
+        };
+        if seq.is_some_and(|seq| seq > cut) {
+            continue;
+        }
+        if value["type"] == "entry" {
+            last_hash = value["entry"]["hash"].as_str().unwrap().to_string();
+        }
+        kept_lines.push(line.to_string());
+    }
+    let signer =
+        portcullis_store::AuditSigner::load_or_create(&gw.dir.join("state/audit.key")).unwrap();
+    let resigned = signer.sign(cut, &last_hash);
+    kept_lines.push(json!({"type": "checkpoint", "checkpoint": resigned}).to_string());
+    let tampered = gw.dir.join("tampered.jsonl");
+    std::fs::write(&tampered, kept_lines.join("\n") + "\n").unwrap();
+
+    let out = verify_export(&tampered, false);
+    assert!(
+        out.status.success(),
+        "re-signed, it verifies on its own: {out:?}"
+    );
+    let out = verify_export(&tampered, true);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(said.contains("entries were deleted from its end"), "{said}");
+
+    // A note that was changed is refused before anything is checked.
+    let forged = gw.dir.join("forged.note");
+    std::fs::write(
+        &forged,
+        note.replacen(&format!("\n{kept_seq}\n"), "\n1\n", 1),
+    )
+    .unwrap();
+    let out = gw.cli_config(&["audit", "verify", "--checkpoint", forged.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("signature"),
+        "{out:?}"
+    );
+    gw.assert_requests_audited(8);
+}

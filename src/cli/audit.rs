@@ -3,13 +3,13 @@
 //! CLI opens the store itself. The output is the same either way.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use hyper::Method;
 use portcullis::config::Config;
 use portcullis::server::admin;
-use portcullis_store::{Entry, Filter, Store, VerifyReport};
+use portcullis_store::{Checkpoint, Entry, Filter, Store, VerifyReport};
 use serde_json::{Value, json};
 
 use crate::cli::{fail, runtime};
@@ -245,6 +245,20 @@ pub struct VerifyArgs {
     /// checkpoint signatures with [default: the one in the state directory].
     #[arg(long)]
     pub key: Option<String>,
+    /// A checkpoint kept off the host (`portcullis audit checkpoint`): the
+    /// log must still reach its entry and hold it unchanged, so deleting
+    /// or rewriting anything it covers fails, even re-signed.
+    #[arg(long, value_name = "NOTE")]
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// The checkpoint note in `path`, its signature checked with `key`.
+fn kept_checkpoint(path: &Path, key: Option<&[u8]>) -> Result<Checkpoint, String> {
+    let key = key.ok_or(
+        "--checkpoint needs the audit key (--key, or STATE_DIR/audit.key) to check its signature",
+    )?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Checkpoint::from_note(&text, key).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The key to check signatures with: `--key`, else the state directory's.
@@ -269,19 +283,31 @@ pub fn verify(source: Source, args: VerifyArgs) -> ExitCode {
                 .as_deref()
                 .ok_or("--file needs --key (the audit public key; `portcullis audit key`)")?;
             let key = portcullis_store::decode_public_key(key).map_err(|e| e.to_string())?;
+            let kept = match &args.checkpoint {
+                Some(path) => Some(kept_checkpoint(path, Some(&key))?),
+                None => None,
+            };
             let reader = std::io::BufReader::new(
                 std::fs::File::open(file).map_err(|e| format!("{}: {e}", file.display()))?,
             );
-            return portcullis_store::verify_export(reader, &key).map_err(|e| e.to_string());
+            return portcullis_store::verify_export_against(reader, &key, kept.as_ref())
+                .map_err(|e| e.to_string());
         }
+        let key = verifying_key(&source, &args.key)?;
+        let kept = match &args.checkpoint {
+            Some(path) => Some(kept_checkpoint(path, key.as_deref())?),
+            None => None,
+        };
         match backend(&source, &rt)? {
-            Backend::Offline(log, _store) => {
-                let key = verifying_key(&source, &args.key)?;
-                log.verify(key.as_deref()).map_err(|e| e.to_string())
-            }
+            Backend::Offline(log, _store) => log
+                .verify_against(key.as_deref(), kept.as_ref())
+                .map_err(|e| e.to_string()),
             Backend::Daemon(socket) => {
-                serde_json::from_value(daemon(&rt, &socket, "/v1/audit/verify")?)
-                    .map_err(|e| e.to_string())
+                let path = match &kept {
+                    Some(kept) => format!("/v1/audit/verify?kept={}:{}", kept.seq, kept.head),
+                    None => "/v1/audit/verify".to_string(),
+                };
+                serde_json::from_value(daemon(&rt, &socket, &path)?).map_err(|e| e.to_string())
             }
         }
     });
@@ -300,6 +326,11 @@ pub fn verify(source: Source, args: VerifyArgs) -> ExitCode {
                     report.checkpoints,
                     report.signed_through
                 );
+                if let Some(seq) = report.kept_through {
+                    println!(
+                        "ok: the log still extends the checkpoint kept off the host (entry {seq})"
+                    );
+                }
             }
             if report.error.is_none() {
                 ExitCode::SUCCESS
@@ -438,6 +469,38 @@ pub fn prune(source: Source, before: String) -> ExitCode {
 }
 
 /// Prints the audit public key, for `audit verify --file … --key …`.
+/// The newest signed checkpoint, as a signed note (`--json`: as stored).
+pub fn checkpoint(source: Source) -> ExitCode {
+    let result = runtime().and_then(|rt| match backend(&source, &rt)? {
+        Backend::Offline(log, _store) => log
+            .head_checkpoint()
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "no checkpoint yet: the log is empty or has no audit key".to_string()),
+        Backend::Daemon(socket) => {
+            serde_json::from_value(daemon(&rt, &socket, "/v1/audit/checkpoint")?)
+                .map_err(|e| e.to_string())
+        }
+    });
+    let checkpoint: Checkpoint = match result {
+        Ok(checkpoint) => checkpoint,
+        Err(e) => return fail(e),
+    };
+    if source.json {
+        println!("{}", json!(checkpoint));
+        return ExitCode::SUCCESS;
+    }
+    match checkpoint.note() {
+        Some(note) => {
+            print!("{note}");
+            ExitCode::SUCCESS
+        }
+        None => fail(format!(
+            "the newest checkpoint (entry {}) predates signed notes; it is rewritten after the next request",
+            checkpoint.seq
+        )),
+    }
+}
+
 pub fn key(source: Source) -> ExitCode {
     match verifying_key(&source, &None) {
         Ok(Some(key)) => {

@@ -12,7 +12,8 @@
 //! | POST | /v1/policy/reload | reloads the policy file (an invalid one is kept out) |
 //! | POST | /v1/pause, /v1/resume | the emergency stop (persists across restarts) |
 //! | GET | /v1/audit?FILTERS | audit entries, newest first (see `audit_filter`) |
-//! | GET | /v1/audit/verify | recompute the hash chain |
+//! | GET | /v1/audit/verify[?kept=SEQ:HEAD] | recompute the hash chain (and check a checkpoint kept elsewhere) |
+//! | GET | /v1/audit/checkpoint | the newest signed checkpoint |
 //! | GET | /v1/audit/SEQ | one entry |
 //! | GET | /v1/audit/after/SEQ | up to 1,000 entries after SEQ, oldest first |
 //! | GET | /v1/audit/export | the whole log as JSON Lines (see `AuditLog::export`), streamed |
@@ -267,9 +268,29 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
                 },
             }
         }
-        (&Method::GET, "/v1/audit/verify") => {
+        (&Method::GET, "/v1/audit/checkpoint") => {
             let audit = gateway.audit.clone();
-            match blocking(move || audit.verify(audit.public_key())).await {
+            match blocking(move || audit.head_checkpoint()).await {
+                Ok(Some(checkpoint)) => reply(StatusCode::OK, json!(checkpoint)),
+                Ok(None) => reply(
+                    StatusCode::NOT_FOUND,
+                    json!({ "error": "no checkpoint yet: the log is empty" }),
+                ),
+                Err(e) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "error": e.to_string() }),
+                ),
+            }
+        }
+        (&Method::GET, "/v1/audit/verify") => {
+            // `?kept=SEQ:HEAD`: a checkpoint kept off the host, whose
+            // signature the caller checked; the log must still extend it.
+            let kept = match kept_of(request.uri().query().unwrap_or("")) {
+                Ok(kept) => kept,
+                Err(e) => return reply(StatusCode::BAD_REQUEST, json!({ "error": e })),
+            };
+            let audit = gateway.audit.clone();
+            match blocking(move || audit.verify_against(audit.public_key(), kept.as_ref())).await {
                 Ok(report) => reply(StatusCode::OK, json!(report)),
                 Err(e) => reply(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -340,6 +361,27 @@ pub enum FilterError {
 
 /// `since`/`until` (RFC 3339 times), `principal`, `method` (glob),
 /// `decision`, `status`, `limit`; values percent-encoded.
+/// `kept=SEQ:HEAD` of `/v1/audit/verify`, as the checkpoint it names.
+fn kept_of(query: &str) -> Result<Option<portcullis_store::Checkpoint>, &'static str> {
+    let Some(kept) = query.split('&').find_map(|pair| pair.strip_prefix("kept=")) else {
+        return Ok(None);
+    };
+    let bad = "expected kept=SEQ:HEAD (the entry and the hex hash a kept checkpoint covers)";
+    let (seq, head) = kept.split_once(':').ok_or(bad)?;
+    let seq = seq.parse().map_err(|_| bad)?;
+    if head.len() != 64 || !head.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad);
+    }
+    Ok(Some(portcullis_store::Checkpoint {
+        seq,
+        head: head.to_ascii_lowercase(),
+        time: String::new(),
+        key: String::new(),
+        signature: String::new(),
+        origin: None,
+    }))
+}
+
 pub fn audit_filter(query: &str) -> Result<portcullis_store::Filter, FilterError> {
     let mut filter = portcullis_store::Filter::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {

@@ -16,9 +16,11 @@ use std::path::{Path, PathBuf};
 pub use audit::{
     AuditLog, COMMIT_BUCKETS, CommitStats, Decision, Durability, Entry, Filter, Health, Kind,
     LogStats, Record, Recovery, RequestContext, Retain, Status, Submitted, VerifyError,
-    VerifyReport, verify_export,
+    VerifyReport, verify_export, verify_export_against,
 };
-pub use checkpoint::{AuditSigner, Checkpoint, PruneMarker, PublicKeyError, decode_public_key};
+pub use checkpoint::{
+    AuditSigner, Checkpoint, NoteError, PruneMarker, PublicKeyError, decode_public_key, origin_of,
+};
 use thiserror::Error;
 
 #[derive(Debug, Error)]

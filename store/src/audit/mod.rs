@@ -38,14 +38,14 @@ use std::task::{Context, Poll};
 use tokio::sync::{oneshot, watch};
 
 use crate::StoreError;
-use crate::checkpoint::AuditSigner;
+use crate::checkpoint::{AuditSigner, Checkpoint};
 use crate::journal::Journal;
 pub use entry::{Decision, Entry, Kind, Record, RequestContext, Status};
 use entry::{decode, key_seq};
 pub use prune::Retain;
 use prune::{Cut, PruneReply, read_prune_marker};
 pub use query::{Filter, LogStats};
-pub use verify::{EXPORT_FORMAT, VerifyError, VerifyReport, verify_export};
+pub use verify::{EXPORT_FORMAT, VerifyError, VerifyReport, verify_export, verify_export_against};
 use writer::Writer;
 
 const TREE: &str = "audit";
@@ -56,6 +56,8 @@ const CHECKPOINTS: &str = "audit_checkpoints";
 const OPEN_INTENTS: &str = "audit_open_intents";
 const META: &str = "audit_meta";
 const PRUNE_KEY: &[u8] = b"prune";
+/// The checkpoint signed after the last group commit (in `META`).
+const HEAD_CHECKPOINT_KEY: &[u8] = b"head_checkpoint";
 /// A checkpoint is signed after this many entries…
 const CHECKPOINT_EVERY: u64 = 1000;
 /// …or this long after the last one, whichever comes first.
@@ -288,6 +290,8 @@ impl AuditLog {
             discarded_bytes: found.discarded,
             interrupted: writer.complete_interrupted()?,
         };
+        // A crash may have lost the last one (sled is written lazily).
+        writer.sign_head();
         let (jobs, queue) = mpsc::channel::<Job>();
         let counters = writer.counters.clone();
         let indexing = writer.indexing.clone();
@@ -313,6 +317,25 @@ impl AuditLog {
     /// Whether the log accepts entries now, and if not why.
     pub fn health(&self) -> Health {
         self.health.borrow().clone()
+    }
+
+    /// The checkpoint over the newest entry, signed after the group commit
+    /// that wrote it (`None` for a log without a key, or an empty one).
+    pub fn head_checkpoint(&self) -> Result<Option<Checkpoint>, StoreError> {
+        let _ = self.entries(); // the last acknowledged group's is written
+        let Some(value) = self
+            .meta
+            .get(HEAD_CHECKPOINT_KEY)
+            .map_err(StoreError::Sled)?
+        else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&value)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                seq: 0,
+                message: format!("the head checkpoint: {e}"),
+            })
     }
 
     /// Why the log accepts no entries now, if it does not: the check a

@@ -115,11 +115,17 @@ impl AuditLog {
             )
             .map_err(io)?;
         }
+        // It ends with the head checkpoint, which covers its last entry:
+        // entries written meanwhile are left for the next export.
+        let head = self.head_checkpoint()?;
         let mut checkpoints = self.checkpoints.iter().peekable();
         let mut count = 0;
         for item in self.entries().iter() {
             let (k, value) = item.map_err(StoreError::Sled)?;
             let seq = key_seq(&k);
+            if head.as_ref().is_some_and(|head| seq > head.seq) {
+                break;
+            }
             // The entry exactly as stored: verification hashes these bytes.
             // (Stored entries are always single-line JSON objects.)
             if serde_json::from_slice::<&serde_json::value::RawValue>(&value).is_err() {
@@ -148,6 +154,14 @@ impl AuditLog {
                     .map_err(io)?;
                 }
             }
+        }
+        if let Some(head) = head {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"type": "checkpoint", "checkpoint": head})
+            )
+            .map_err(io)?;
         }
         Ok(count)
     }

@@ -950,3 +950,134 @@ fn start_entries_open_at_a_crash_are_completed_as_interrupted() {
     assert_eq!(log.verify(None).unwrap().error, None);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Every acknowledged entry is covered by a signature: the head
+/// checkpoint, signed after each group commit.
+#[test]
+fn the_head_checkpoint_covers_every_acknowledged_entry() {
+    let (_store, log, dir, key) = signed_log("head");
+    for i in 0..7 {
+        log.append_blocking(record(1000 + i)).unwrap();
+        let report = log.verify(Some(&key)).unwrap();
+        assert_eq!(report.error, None);
+        assert_eq!(report.signed_through, report.last_seq, "{report:?}");
+    }
+    // Entries deleted from the end (by someone without the key) show.
+    let last = log.tree.last().unwrap().map(|(k, _)| key_seq(&k)).unwrap();
+    for seq in last - 2..=last {
+        log.tree.remove(seq.to_be_bytes()).unwrap();
+    }
+    assert_eq!(
+        log.verify(Some(&key)).unwrap().error,
+        Some(VerifyError::CheckpointOrphan { seq: last })
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The head checkpoint as a signed note: read back with the key, refused
+/// when changed or signed by another key.
+#[test]
+fn a_checkpoint_note_round_trips_and_refuses_changes() {
+    let (_store, log, dir, key) = signed_log("note");
+    let head = log.head_checkpoint().unwrap().unwrap();
+    let note = head.note().unwrap();
+    assert!(
+        note.starts_with(&format!("{}\n1000\n", crate::origin_of(&key))),
+        "{note}"
+    );
+    assert_eq!(Checkpoint::from_note(&note, &key).unwrap(), head);
+    let changed = note.replacen("\n1000\n", "\n999\n", 1);
+    assert_eq!(
+        Checkpoint::from_note(&changed, &key),
+        Err(crate::NoteError::BadSignature)
+    );
+    let other = crate::AuditSigner::load_or_create(&dir.join("other.key")).unwrap();
+    assert_eq!(
+        Checkpoint::from_note(&note, other.public_key()),
+        Err(crate::NoteError::NoSignature)
+    );
+    assert_eq!(
+        Checkpoint::from_note("hello\n", &key),
+        Err(crate::NoteError::Shape)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Re-signs every checkpoint with the log's own key, as an attacker with
+/// the host (and so the key) would after rewriting the chain.
+fn resign_everything(log: &AuditLog, dir: &std::path::Path) {
+    let signer = crate::AuditSigner::load_or_create(&dir.join("audit.key")).unwrap();
+    log.checkpoints.clear().unwrap();
+    let (k, _) = log.tree.last().unwrap().unwrap();
+    let last = log.get(key_seq(&k)).unwrap().unwrap();
+    let head = signer.sign(last.seq, &last.hash);
+    log.meta
+        .insert(HEAD_CHECKPOINT_KEY, serde_json::to_vec(&head).unwrap())
+        .unwrap();
+}
+
+/// A checkpoint kept off the host catches what the key on the host no
+/// longer can: a rewritten chain, re-signed, and a log cut short,
+/// re-signed; in the store and in an export.
+#[test]
+fn a_checkpoint_kept_off_the_host_catches_a_resigned_rewrite_or_truncation() {
+    let (_store, log, dir, key) = signed_log("kept");
+    let kept = log.head_checkpoint().unwrap().unwrap();
+    for i in 0..5 {
+        log.append_blocking(record(2000 + i)).unwrap();
+    }
+    let report = log.verify_against(Some(&key), Some(&kept)).unwrap();
+    assert_eq!((report.error, report.kept_through), (None, Some(1000)));
+    let mut export = Vec::new();
+    log.export(&mut export).unwrap();
+    let from_export = crate::verify_export_against(export.as_slice(), &key, Some(&kept)).unwrap();
+    assert_eq!(
+        (from_export.error, from_export.kept_through),
+        (None, Some(1000))
+    );
+    // The export ends with a checkpoint over its last entry.
+    let last_line = String::from_utf8_lossy(&export)
+        .lines()
+        .last()
+        .unwrap()
+        .to_string();
+    assert!(last_line.contains(r#""type":"checkpoint""#), "{last_line}");
+    assert_eq!(from_export.signed_through, from_export.last_seq);
+
+    // Cut short below the kept checkpoint, and re-signed.
+    let last = log.tree.last().unwrap().map(|(k, _)| key_seq(&k)).unwrap();
+    for seq in 990..=last {
+        log.tree.remove(seq.to_be_bytes()).unwrap();
+    }
+    resign_everything(&log, &dir);
+    assert_eq!(
+        log.verify(Some(&key)).unwrap().error,
+        None,
+        "re-signed: looks fine"
+    );
+    assert_eq!(
+        log.verify_against(Some(&key), Some(&kept)).unwrap().error,
+        Some(VerifyError::Truncated {
+            seq: 1000,
+            last: 989
+        })
+    );
+
+    // Rewritten from entry 5 on, and re-signed.
+    let (_store2, log2, dir2, key2) = signed_log("kept-rewrite");
+    let kept2 = log2.head_checkpoint().unwrap().unwrap();
+    rewrite_from(&log2, 5);
+    resign_everything(&log2, &dir2);
+    assert_eq!(
+        log2.verify(Some(&key2)).unwrap().error,
+        None,
+        "re-signed: looks fine"
+    );
+    assert_eq!(
+        log2.verify_against(Some(&key2), Some(&kept2))
+            .unwrap()
+            .error,
+        Some(VerifyError::Rewritten { seq: 1000 })
+    );
+    let _ = (std::fs::remove_dir_all(dir), std::fs::remove_dir_all(dir2));
+}

@@ -20,16 +20,32 @@ impl AuditLog {
     /// Recomputes the whole chain and checks every checkpoint's signature
     /// with `key` (raw Ed25519 public key). The first problem is reported.
     pub fn verify(&self, key: Option<&[u8]>) -> Result<VerifyReport, StoreError> {
+        self.verify_against(key, None)
+    }
+
+    /// [`verify`](Self::verify), and that the log still extends `kept`, a
+    /// checkpoint kept off the host (its signature checked by the caller):
+    /// entry `kept.seq` still has its head, and the log still reaches it.
+    pub fn verify_against(
+        &self,
+        key: Option<&[u8]>,
+        kept: Option<&Checkpoint>,
+    ) -> Result<VerifyReport, StoreError> {
         let mut verifier = ChainVerifier::new(key);
+        verifier.kept = kept.map(|k| (k.seq, k.head.clone()));
         if let Some(marker) = self.prune_marker()?
             && !verifier.start(marker)
         {
             return Ok(verifier.finish());
         }
+        // The head checkpoint too: it covers the newest entry, so a log cut
+        // short after it was signed shows (unless the key signed again).
+        let head = self.head_checkpoint()?;
         let mut checkpoints = self.checkpoints.iter().peekable();
         for item in self.entries().iter() {
             let (k, value) = item.map_err(StoreError::Sled)?;
-            if !verifier.entry(key_seq(&k), &value) {
+            let seq = key_seq(&k);
+            if !verifier.entry(seq, &value) {
                 return Ok(verifier.finish());
             }
             while let Some(Ok((ck, _))) = checkpoints.peek() {
@@ -44,9 +60,17 @@ impl AuditLog {
                     return Ok(verifier.finish());
                 }
             }
+            if let Some(head) = head.as_ref().filter(|head| head.seq == seq)
+                && !verifier.checkpoint(seq, Ok(head.clone()))
+            {
+                return Ok(verifier.finish());
+            }
         }
         if let Some(Ok((ck, _))) = checkpoints.peek() {
             verifier.fail(VerifyError::CheckpointOrphan { seq: key_seq(ck) });
+        }
+        if let Some(head) = head.filter(|head| head.seq > verifier.report.last_seq) {
+            verifier.fail(VerifyError::CheckpointOrphan { seq: head.seq });
         }
         Ok(verifier.finish())
     }
@@ -93,7 +117,18 @@ enum Hashing {
 /// Verifies an export (see [`AuditLog::export`]) with only the audit public
 /// key: the chain, and every checkpoint's signature.
 pub fn verify_export(input: impl std::io::BufRead, key: &[u8]) -> Result<VerifyReport, StoreError> {
+    verify_export_against(input, key, None)
+}
+
+/// [`verify_export`], and that the export extends `kept` (see
+/// [`AuditLog::verify_against`]).
+pub fn verify_export_against(
+    input: impl std::io::BufRead,
+    key: &[u8],
+    kept: Option<&Checkpoint>,
+) -> Result<VerifyReport, StoreError> {
     let mut verifier = ChainVerifier::new(Some(key));
+    verifier.kept = kept.map(|k| (k.seq, k.head.clone()));
     for (index, line) in input.lines().enumerate() {
         let line = line.map_err(|e| StoreError::io("reading the export", e))?;
         let bad = |e: &dyn std::fmt::Display| StoreError::Export {
@@ -145,6 +180,9 @@ struct ChainVerifier<'k> {
     /// Entries below this were pruned (a crash may leave some behind).
     first_seq: u64,
     hashing: Hashing,
+    /// A checkpoint kept off the host: (entry, its head), which the log
+    /// must still reach and match.
+    kept: Option<(u64, String)>,
     report: VerifyReport,
 }
 
@@ -155,6 +193,7 @@ impl<'k> ChainVerifier<'k> {
             prev_hash: None,
             first_seq: 1,
             hashing: Hashing::Stored,
+            kept: None,
             report: VerifyReport::default(),
         }
     }
@@ -168,6 +207,18 @@ impl<'k> ChainVerifier<'k> {
             return self.fail(VerifyError::PruneInvalid {
                 first_seq: marker.first_seq,
             });
+        }
+        if let Some((seq, head)) = &self.kept
+            && *seq < marker.first_seq
+        {
+            // Only the entry just before the kept ones can still be checked.
+            if *seq + 1 != marker.first_seq {
+                return self.fail(VerifyError::KeptPruned { seq: *seq });
+            }
+            if *head != marker.prev {
+                return self.fail(VerifyError::Rewritten { seq: *seq });
+            }
+            self.report.kept_through = Some(*seq);
         }
         self.first_seq = marker.first_seq;
         self.report.last_seq = marker.first_seq - 1;
@@ -222,6 +273,14 @@ impl<'k> ChainVerifier<'k> {
         }
         self.report.entries += 1;
         self.report.last_seq = seq;
+        if let Some((kept, head)) = &self.kept
+            && *kept == seq
+        {
+            if *head != link.hash {
+                return self.fail(VerifyError::Rewritten { seq });
+            }
+            self.report.kept_through = Some(seq);
+        }
         self.report.head = link.hash.clone();
         self.prev_hash = Some(link.hash);
         true
@@ -255,7 +314,14 @@ impl<'k> ChainVerifier<'k> {
         true
     }
 
-    fn finish(self) -> VerifyReport {
+    fn finish(mut self) -> VerifyReport {
+        if let Some((seq, _)) = self.kept
+            && self.report.error.is_none()
+            && self.report.kept_through.is_none()
+        {
+            let last = self.report.last_seq;
+            self.fail(VerifyError::Truncated { seq, last });
+        }
         self.report
     }
 }
@@ -273,6 +339,10 @@ pub struct VerifyReport {
     /// Entries before this one were pruned (0: never pruned).
     #[serde(default)]
     pub pruned_before: u64,
+    /// With a checkpoint kept off the host: the entry it covers, found
+    /// unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_through: Option<u64>,
     /// The first broken link; `None` when the whole chain holds.
     pub error: Option<VerifyError>,
 }
@@ -300,4 +370,16 @@ pub enum VerifyError {
         "the prune marker (log starting at entry {first_seq}) has no valid signature from the audit key"
     )]
     PruneInvalid { first_seq: u64 },
+    #[error(
+        "entry {seq} is not the one the checkpoint kept off the host covers (the log was rewritten)"
+    )]
+    Rewritten { seq: u64 },
+    #[error(
+        "the log ends at entry {last}, but the checkpoint kept off the host covers entry {seq}: entries were deleted from its end"
+    )]
+    Truncated { seq: u64, last: u64 },
+    #[error(
+        "the checkpoint kept off the host covers entry {seq}, which was pruned since; keep a newer one"
+    )]
+    KeptPruned { seq: u64 },
 }
