@@ -19,12 +19,21 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// The shipped policy with its principal enabled, in a temporary file.
+/// The shipped policy with its principal enabled and its example
+/// `service_restart` tool defined (explain reads no script), in a
+/// temporary file.
 fn enabled_policy() -> PathBuf {
     let text = std::fs::read_to_string(repo("policy/default-policy.toml")).unwrap();
     let path =
         std::env::temp_dir().join(format!("portcullis-cli-policy-{}.toml", std::process::id()));
-    std::fs::write(&path, text.replace("disabled = true", "disabled = false")).unwrap();
+    let tool = "\n[[tool]]\nname = \"service_restart\"\ndescription = \"d\"\nrisk = \"high\"\n\
+                approval_policy = \"ask_once\"\nscript = \"tools/service_restart.rhai\"\n\
+                input_schema = { type = \"object\" }\n";
+    std::fs::write(
+        &path,
+        text.replace("disabled = true", "disabled = false") + tool,
+    )
+    .unwrap();
     path
 }
 
