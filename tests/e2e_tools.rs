@@ -103,6 +103,15 @@ input_schema = {{ type = "object" }}
 risk = "critical"
 approval_policy = "block"
 script = "tools/add.rhai"
+
+[[tool]]
+name = "pem"
+description = "Holds a multi-line key."
+input_schema = {{ type = "object" }}
+risk = "medium"
+approval_policy = "allow"
+script = "tools/pem.rhai"
+secrets = ["pem_key"]
 "#,
         alice = key_b64(alice),
         bob = key_b64(bob),
@@ -146,6 +155,18 @@ if args.fail == true { throw "the service refused key " + key; }
     )
     .unwrap();
     std::fs::write(gw.dir.join("secrets/api_key"), format!("{SECRET}\n")).unwrap();
+    std::fs::write(gw.dir.join("secrets/pem_key"), format!("{PEM}\n")).unwrap();
+    // The key in the escaped forms a script can make of it without
+    // touching its characters: a map's debug and display, to_debug.
+    std::fs::write(
+        gw.dir.join("tools/pem.rhai"),
+        r#"let k = secret("pem_key");
+debug(#{key: k});
+print(#{key: k});
+print(k.to_debug());
+throw `refused: ${#{key: k}}`"#,
+    )
+    .unwrap();
     std::fs::write(gw.dir.join("workspace/notes.txt"), "hello from a file\n").unwrap();
     let alice = gw.connect(&a).await.unwrap();
     alice.accept_all().await.unwrap();
@@ -185,7 +206,7 @@ async fn tools_are_listed_as_granted_and_called_with_checked_arguments() {
     let list = alice.request("tool.list", json!({})).await.unwrap();
     assert_eq!(
         names(&list),
-        ["add", "vault", "deploy", "wipe", "per_run", "spin"],
+        ["add", "vault", "deploy", "wipe", "per_run", "spin", "pem"],
         "a block tool is not listed"
     );
     assert_eq!(list["tools"][3]["approval_policy"], "always_ask");
@@ -251,6 +272,35 @@ async fn tools_are_listed_as_granted_and_called_with_checked_arguments() {
         .collect();
     assert_eq!(calls.len(), 6);
     assert!(calls.iter().all(|e| e.record.tool.is_some()));
+}
+
+/// A key with what escaping changes: newlines, a quote, a backslash.
+const PEM: &str = "-----BEGIN TEST KEY-----\nQUJD\"REVG\\R0hJ\n-----END TEST KEY-----";
+
+/// The redactor matches a secret in the escaped forms `debug`, `print`
+/// of a map and `to_debug` give it, not only as it is.
+#[tokio::test]
+async fn a_secret_is_redacted_in_its_escaped_forms_too() {
+    let Setup { gw: _gw, alice, .. } = setup().await;
+    let mut handle = alice
+        .start("tool.call", json!({"name": "pem", "arguments": {}}))
+        .await
+        .unwrap();
+    let mut printed = Vec::new();
+    while let Some(item) = handle.next().await {
+        if let StreamItem::Stream { data, .. } = item {
+            printed.push(data["text"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    let (_, message, _) = remote(&handle.response().await);
+    assert_eq!(printed.len(), 3, "{printed:?}");
+    for text in printed.iter().chain([&message]) {
+        assert!(text.contains("[REDACTED:pem_key]"), "{text}");
+        assert!(
+            !text.contains("TEST KEY") && !text.contains("QUJD"),
+            "{text}"
+        );
+    }
 }
 
 #[tokio::test]

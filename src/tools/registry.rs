@@ -211,12 +211,32 @@ impl Secrets {
             .map(|(_, v)| v.as_str())
     }
 
-    /// `text` with every secret value replaced by `[REDACTED:name]`.
+    /// `text` with every secret value replaced by `[REDACTED:name]`: as it
+    /// is, and in the escaped forms a script gets without changing a
+    /// character of it — inside a JSON string, and as Rhai's `debug`,
+    /// `to_debug` and a map's display quote it (Rust's `{:?}`). The
+    /// longest forms go first, so none is left half replaced.
     pub fn redact_text(&self, text: &str) -> String {
-        let mut out = text.to_string();
+        let mut forms: Vec<(Zeroizing<String>, &str)> = Vec::new();
         for (name, value) in &self.values {
-            if !value.is_empty() && out.contains(value.as_str()) {
-                out = out.replace(value.as_str(), &format!("[REDACTED:{name}]"));
+            let escaped = [
+                serde_json::to_string(value.as_str()).unwrap_or_default(),
+                format!("{:?}", value.as_str()),
+            ];
+            let inner = escaped
+                .into_iter()
+                .map(|quoted| Zeroizing::new(quoted[1..quoted.len().max(2) - 1].to_string()));
+            for form in std::iter::once(value.clone()).chain(inner) {
+                if !form.is_empty() && !forms.iter().any(|(f, _)| **f == *form) {
+                    forms.push((form, name.as_str()));
+                }
+            }
+        }
+        forms.sort_by_key(|(form, _)| std::cmp::Reverse(form.len()));
+        let mut out = text.to_string();
+        for (form, name) in &forms {
+            if out.contains(form.as_str()) {
+                out = out.replace(form.as_str(), &format!("[REDACTED:{name}]"));
             }
         }
         out
@@ -268,5 +288,27 @@ mod tests {
         );
         // An empty secret redacts nothing (it would match everywhere).
         assert_eq!(secrets.redact_text("plain"), "plain");
+    }
+
+    #[test]
+    fn redaction_matches_the_json_and_debug_escaped_forms() {
+        let key = "a\nb\"c\\d\u{1}é";
+        let secrets = Secrets {
+            values: vec![("k".into(), Zeroizing::new(key.into()))],
+        };
+        for text in [
+            key.to_string(),
+            serde_json::to_string(key).unwrap(),
+            format!("{key:?}"),
+            format!("{:?}", json!({"x": key})),
+            json!({"x": key}).to_string(),
+        ] {
+            let redacted = secrets.redact_text(&text);
+            assert!(redacted.contains("[REDACTED:k]"), "{text} -> {redacted}");
+            assert!(
+                !redacted.contains("a\\nb") && !redacted.contains("a\nb"),
+                "{redacted}"
+            );
+        }
     }
 }
