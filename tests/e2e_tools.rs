@@ -105,6 +105,15 @@ approval_policy = "block"
 script = "tools/add.rhai"
 
 [[tool]]
+name = "probe"
+description = "Tries to get a secret's bytes out."
+input_schema = {{ type = "object" }}
+risk = "medium"
+approval_policy = "allow"
+script = "tools/probe.rhai"
+secrets = ["api_key"]
+
+[[tool]]
 name = "pem"
 description = "Holds a multi-line key."
 input_schema = {{ type = "object" }}
@@ -156,6 +165,42 @@ if args.fail == true { throw "the service refused key " + key; }
     .unwrap();
     std::fs::write(gw.dir.join("secrets/api_key"), format!("{SECRET}\n")).unwrap();
     std::fs::write(gw.dir.join("secrets/pem_key"), format!("{PEM}\n")).unwrap();
+    // Every way a script might turn the handle into bytes: each attempt's
+    // outcome (its value as text, or its error) is printed and returned.
+    let attempts = [
+        "k + \"\"",
+        "\"\" + k",
+        "`${k}`",
+        "k.to_string()",
+        "k.to_debug()",
+        "k == \"hunter2-s3cr3t-value\"",
+        "k.len()",
+        "k.chars()",
+        "k.split(\"-\")",
+        "k.to_blob()",
+        "k.to_upper()",
+        "k.sub_string(0, 4)",
+        "[k].to_string()",
+        "#{a: k}.to_json()",
+        "k.name",
+        "type_of(k)",
+        "parse_json(`\"${k}\"`)",
+        "hmac_sha256(k, \"hello\")",
+    ];
+    let probe: String = attempts
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            format!(
+                "try {{ let v = {a}; out.push(`{i} -> ${{v}}`); }} catch (e) {{ out.push(`{i} !! ${{e}}`); }}\n"
+            )
+        })
+        .collect();
+    std::fs::write(
+        gw.dir.join("tools/probe.rhai"),
+        format!("let k = secret(\"api_key\");\nlet out = [];\n{probe}print(out);\nout"),
+    )
+    .unwrap();
     // The key in the escaped forms a script can make of it without
     // touching its characters: a map's debug and display, to_debug.
     std::fs::write(
@@ -206,7 +251,9 @@ async fn tools_are_listed_as_granted_and_called_with_checked_arguments() {
     let list = alice.request("tool.list", json!({})).await.unwrap();
     assert_eq!(
         names(&list),
-        ["add", "vault", "deploy", "wipe", "per_run", "spin", "pem"],
+        [
+            "add", "vault", "deploy", "wipe", "per_run", "spin", "probe", "pem"
+        ],
         "a block tool is not listed"
     );
     assert_eq!(list["tools"][3]["approval_policy"], "always_ask");
@@ -276,6 +323,71 @@ async fn tools_are_listed_as_granted_and_called_with_checked_arguments() {
 
 /// A key with what escaping changes: newlines, a quote, a backslash.
 const PEM: &str = "-----BEGIN TEST KEY-----\nQUJD\"REVG\\R0hJ\n-----END TEST KEY-----";
+
+/// A tool holds a secret as a handle: nothing its script does puts the
+/// secret's bytes (as they are, reversed, upper-cased, hex, base64) in its
+/// result, its output, its errors or the audit log; `hmac_sha256` uses
+/// the value without showing it.
+#[tokio::test]
+async fn a_secret_handle_never_becomes_the_secret_s_bytes() {
+    use base64::Engine as _;
+    let Setup { gw, alice, .. } = setup().await;
+    let mut handle = alice
+        .start("tool.call", json!({"name": "probe", "arguments": {}}))
+        .await
+        .unwrap();
+    let mut printed = String::new();
+    while let Some(item) = handle.next().await {
+        if let StreamItem::Stream { data, .. } = item {
+            printed.push_str(data["text"].as_str().unwrap_or_default());
+        }
+    }
+    let result = handle.response().await.unwrap();
+    let outcomes: Vec<String> = result["value"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(outcomes.len(), 18, "{outcomes:#?}");
+    let reversed: String = SECRET.chars().rev().collect();
+    let forms = [
+        SECRET.to_string(),
+        reversed,
+        SECRET.to_uppercase(),
+        hex::encode(SECRET),
+        base64::engine::general_purpose::STANDARD.encode(SECRET),
+        "hunter2".to_string(),
+        "s3cr3t".to_string(),
+    ];
+    let audit = String::from_utf8_lossy(
+        &gw.cli_config(&["audit", "list", "--json", "--limit", "1000"])
+            .stdout,
+    )
+    .to_string();
+    for text in outcomes.iter().chain([&printed, &audit, &gw.log()]) {
+        for form in &forms {
+            assert!(
+                !text.to_lowercase().contains(&form.to_lowercase()),
+                "{form} in {text}"
+            );
+        }
+    }
+    // Shown, it is its redaction; it equals no string.
+    // (Outcomes are named by the attempt's index.)
+    assert_eq!(outcomes[0], "0 -> [REDACTED:api_key]", "{outcomes:#?}");
+    assert_eq!(outcomes[5], "5 -> false", "{outcomes:#?}");
+    // The one way to use it: a MAC under it, as the test computes with the key.
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, SECRET.as_bytes());
+    let mac = hex::encode(ring::hmac::sign(&key, b"hello"));
+    assert_eq!(outcomes[17], format!("17 -> {mac}"), "{outcomes:#?}");
+    // Returned as it is, it is refused (a result holds no secret).
+    let returned = alice
+        .request("script.run", json!({"source": "call_tool(\"vault\", #{})"}))
+        .await
+        .unwrap();
+    assert_eq!(returned["value"], "key is [REDACTED:api_key]");
+}
 
 /// The redactor matches a secret in the escaped forms `debug`, `print`
 /// of a map and `to_debug` give it, not only as it is.

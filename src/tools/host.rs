@@ -150,19 +150,7 @@ impl Host {
         let watch = Watch::new(deadline, self.watch.cancel.clone());
         let mut engine = engine::sandboxed(&TOOL_LIMITS, &watch);
         self.route_output(&mut engine, &watch, Some(secrets.clone()));
-        let readable = secrets.clone();
-        let tool_name = tool.name.clone();
-        engine.register_fn(
-            "secret",
-            move |name: &str| -> Result<String, Box<EvalAltResult>> {
-                readable.get(name).map(str::to_string).ok_or_else(|| {
-                    engine::throw(&ErrorBody::new(
-                        ErrorCode::PermissionDenied,
-                        format!("tool `{tool_name}` may not read secret `{name}` (list it in the tool's secrets)"),
-                    ))
-                })
-            },
-        );
+        register_secrets(&mut engine, &secrets, &tool.name);
         let mut scope = Scope::new();
         scope.push_constant("args", engine::to_dynamic(&args)?);
         let value = engine
@@ -314,6 +302,51 @@ impl Output {
         };
         let _ = self.stream.event_blocking(event, json!({"text": text}));
     }
+}
+
+/// A tool's secret as its script holds it: the name, never the bytes.
+/// Shown (print, debug, `+`, interpolation) as `[REDACTED:name]`; only
+/// host functions take it to the value (`hmac_sha256`); it cannot be
+/// returned (a result has no such type). So nothing a script does makes
+/// the secret appear, in any encoding.
+#[derive(Clone)]
+struct SecretHandle {
+    name: String,
+}
+
+/// `secret(name)` and what takes a [`SecretHandle`], for a tool whose
+/// policy lists `secrets`.
+fn register_secrets(engine: &mut rhai::Engine, secrets: &Arc<Secrets>, tool: &str) {
+    engine.register_type_with_name::<SecretHandle>("Secret");
+    let shown = |handle: &mut SecretHandle| format!("[REDACTED:{}]", handle.name);
+    engine.register_fn("to_string", shown);
+    engine.register_fn("to_debug", shown);
+    let (listed, tool) = (secrets.clone(), tool.to_string());
+    engine.register_fn(
+        "secret",
+        move |name: &str| -> Result<SecretHandle, Box<EvalAltResult>> {
+            match listed.get(name) {
+                Some(_) => Ok(SecretHandle {
+                    name: name.to_string(),
+                }),
+                None => Err(engine::throw(&ErrorBody::new(
+                    ErrorCode::PermissionDenied,
+                    format!(
+                        "tool `{tool}` may not read secret `{name}` (list it in the tool's secrets)"
+                    ),
+                ))),
+            }
+        },
+    );
+    let keys = secrets.clone();
+    engine.register_fn(
+        "hmac_sha256",
+        move |key: SecretHandle, message: &str| -> Result<String, Box<EvalAltResult>> {
+            let value = keys.get(&key.name).unwrap_or_default();
+            let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, value.as_bytes());
+            Ok(hex::encode(ring::hmac::sign(&key, message.as_bytes())))
+        },
+    );
 }
 
 /// The functions a script has besides the standard packages. Each goes
