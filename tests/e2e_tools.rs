@@ -321,6 +321,25 @@ async fn tools_are_listed_as_granted_and_called_with_checked_arguments() {
     assert!(calls.iter().all(|e| e.record.tool.is_some()));
 }
 
+/// Calls tool `name`: the `(event, text)` of each stream frame, then the
+/// answer.
+async fn call_streamed(
+    client: &Client,
+    name: &str,
+) -> (Vec<(String, String)>, Result<Value, ClientError>) {
+    let mut handle = client
+        .start("tool.call", json!({"name": name, "arguments": {}}))
+        .await
+        .unwrap();
+    let mut printed = Vec::new();
+    while let Some(item) = handle.next().await {
+        if let StreamItem::Stream { event, data } = item {
+            printed.push((event, data["text"].as_str().unwrap_or_default().to_string()));
+        }
+    }
+    (printed, handle.response().await)
+}
+
 /// A key with what escaping changes: newlines, a quote, a backslash.
 const PEM: &str = "-----BEGIN TEST KEY-----\nQUJD\"REVG\\R0hJ\n-----END TEST KEY-----";
 
@@ -332,17 +351,9 @@ const PEM: &str = "-----BEGIN TEST KEY-----\nQUJD\"REVG\\R0hJ\n-----END TEST KEY
 async fn a_secret_handle_never_becomes_the_secret_s_bytes() {
     use base64::Engine as _;
     let Setup { gw, alice, .. } = setup().await;
-    let mut handle = alice
-        .start("tool.call", json!({"name": "probe", "arguments": {}}))
-        .await
-        .unwrap();
-    let mut printed = String::new();
-    while let Some(item) = handle.next().await {
-        if let StreamItem::Stream { data, .. } = item {
-            printed.push_str(data["text"].as_str().unwrap_or_default());
-        }
-    }
-    let result = handle.response().await.unwrap();
+    let (printed, result) = call_streamed(&alice, "probe").await;
+    let printed: String = printed.into_iter().map(|(_, text)| text).collect();
+    let result = result.unwrap();
     let outcomes: Vec<String> = result["value"]
         .as_array()
         .unwrap()
@@ -394,17 +405,9 @@ async fn a_secret_handle_never_becomes_the_secret_s_bytes() {
 #[tokio::test]
 async fn a_secret_is_redacted_in_its_escaped_forms_too() {
     let Setup { gw: _gw, alice, .. } = setup().await;
-    let mut handle = alice
-        .start("tool.call", json!({"name": "pem", "arguments": {}}))
-        .await
-        .unwrap();
-    let mut printed = Vec::new();
-    while let Some(item) = handle.next().await {
-        if let StreamItem::Stream { data, .. } = item {
-            printed.push(data["text"].as_str().unwrap_or_default().to_string());
-        }
-    }
-    let (_, message, _) = remote(&handle.response().await);
+    let (printed, answer) = call_streamed(&alice, "pem").await;
+    let printed: Vec<String> = printed.into_iter().map(|(_, text)| text).collect();
+    let (_, message, _) = remote(&answer);
     assert_eq!(printed.len(), 3, "{printed:?}");
     for text in printed.iter().chain([&message]) {
         assert!(text.contains("[REDACTED:pem_key]"), "{text}");
@@ -418,17 +421,8 @@ async fn a_secret_is_redacted_in_its_escaped_forms_too() {
 #[tokio::test]
 async fn secrets_never_leave_in_results_streams_errors_or_the_audit_log() {
     let Setup { gw, alice, .. } = setup().await;
-    let mut handle = alice
-        .start("tool.call", json!({"name": "vault", "arguments": {}}))
-        .await
-        .unwrap();
-    let mut printed = Vec::new();
-    while let Some(item) = handle.next().await {
-        if let StreamItem::Stream { event, data } = item {
-            printed.push((event, data["text"].as_str().unwrap_or_default().to_string()));
-        }
-    }
-    let result = handle.response().await.unwrap();
+    let (printed, result) = call_streamed(&alice, "vault").await;
+    let result = result.unwrap();
     assert_eq!(result["value"], "key is [REDACTED:api_key]");
     assert_eq!(
         printed,
