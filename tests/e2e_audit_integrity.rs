@@ -407,13 +407,16 @@ async fn no_file_changes_without_its_start_entry_across_sigkill() {
         written.len(),
         acked.len()
     );
-    let out = gw.cli_config(&["audit", "verify"]);
+    let out = gw.cli_config(&["audit", "verify", "--json"]);
     assert!(
         out.status.success(),
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // verify counts them as interrupted, not as missing.
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["interrupted"], interrupted as u64, "{report}");
 }
 
 /// `audit checkpoint` prints a signed note to keep off the host; `audit

@@ -326,6 +326,12 @@ pub fn verify(source: Source, args: VerifyArgs) -> ExitCode {
                     report.checkpoints,
                     report.signed_through
                 );
+                if report.interrupted > 0 {
+                    println!(
+                        "note: {} request(s) were interrupted by a stop of the gateway (`audit list --status interrupted`)",
+                        report.interrupted
+                    );
+                }
                 if let Some(seq) = report.kept_through {
                     println!(
                         "ok: the log still extends the checkpoint kept off the host (entry {seq})"

@@ -105,6 +105,9 @@ fn stored_bytes_hash_to(stored: &[u8], hash: &str) -> bool {
     hex::encode(digest) == hash
 }
 
+/// How a request the gateway's stop cut short is completed (`Status`).
+const INTERRUPTED: &[u8] = br#""status":"interrupted""#;
+
 /// How an entry's hash is checked.
 #[derive(Clone, Copy)]
 enum Hashing {
@@ -273,6 +276,14 @@ impl<'k> ChainVerifier<'k> {
         }
         self.report.entries += 1;
         self.report.last_seq = seq;
+        // Entries are stored compact, fields in a fixed order: the status
+        // reads without decoding the entry.
+        if stored
+            .windows(INTERRUPTED.len())
+            .any(|window| window == INTERRUPTED)
+        {
+            self.report.interrupted += 1;
+        }
         if let Some((kept, head)) = &self.kept
             && *kept == seq
         {
@@ -339,6 +350,11 @@ pub struct VerifyReport {
     /// Entries before this one were pruned (0: never pruned).
     #[serde(default)]
     pub pruned_before: u64,
+    /// Requests completed as interrupted: started, and cut short by a
+    /// stop of the gateway before they answered (not missing: see
+    /// `audit list --status interrupted`).
+    #[serde(default)]
+    pub interrupted: u64,
     /// With a checkpoint kept off the host: the entry it covers, found
     /// unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
