@@ -255,13 +255,21 @@ async fn a_full_store_refuses_every_request_before_it_acts_and_the_log_resumes_b
     // The retries while the disk stays full change nothing either.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(snapshot(&root), before, "a file under the root changed");
+    // Said once, however often the writer retried meanwhile.
     let seen = events(&client, Duration::from_millis(200)).await;
+    let stopped: Vec<_> = seen
+        .iter()
+        .filter(|(name, _)| name == "provider.audit_stopped")
+        .collect();
     assert!(
-        seen.iter()
-            .any(|(name, payload)| name == "provider.audit_stopped"
-                && payload["reason"].as_str().is_some()),
+        stopped.len() == 1 && stopped[0].1["reason"].as_str().is_some(),
         "{seen:?}"
     );
+    let said = gw
+        .log()
+        .matches("every request is refused until it can")
+        .count();
+    assert_eq!(said, 1, "{}", gw.log());
 
     // Room again: the log resumes without a restart.
     std::fs::remove_file(filler).unwrap();

@@ -194,7 +194,9 @@ impl Writer {
     /// Stops the writer: every append is refused with `reason` until a
     /// retry writes again.
     pub(super) fn stop(&mut self, reason: String) {
-        if self.failed.is_none() {
+        // Once per outage: a retry that fails again changes nothing
+        // outside (no new event, journal line or `since`).
+        if *self.health.borrow() == Health::Writing {
             let since = jiff::Timestamp::now().to_string();
             self.health.send_replace(Health::Stopped {
                 reason: reason.clone(),
@@ -240,13 +242,18 @@ impl Writer {
             ..Record::default()
         };
         self.failed = None;
+        let lost = self.lost;
         let (results, values) = self.commit(std::iter::once(&record));
         if results.iter().all(Result::is_ok) {
             self.index(values);
         }
-        if self.failed.is_none() {
-            self.lost = 0;
-            self.health.send_replace(Health::Writing);
+        match self.failed {
+            None => {
+                self.lost = 0;
+                self.health.send_replace(Health::Writing);
+            }
+            // The entry about the outage is not one of its refusals.
+            Some(_) => self.lost = lost,
         }
     }
 
