@@ -18,6 +18,13 @@ const STAT: u8 = 17;
 const STATUS: u8 = 101;
 const ATTRS: u8 = 105;
 
+/// The big-endian `u32` at `at` in a packet's body (its request id at 0,
+/// a status code at 4).
+fn u32_at(body: &[u8], at: usize) -> Option<u32> {
+    let b = body.get(at..at + 4)?;
+    Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
 pub struct Sftp {
     _child: Child,
     to: BufWriter<ChildStdin>,
@@ -96,10 +103,7 @@ impl Sftp {
         self.to.flush().await.map_err(|e| e.to_string())?;
         while !sent.is_empty() {
             let (kind, body) = self.receive().await?;
-            let id = body
-                .get(..4)
-                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-                .ok_or("sftp: a short answer")?;
+            let id = u32_at(&body, 0).ok_or("sftp: a short answer")?;
             let started = sent.remove(&id).ok_or("sftp: an answer to no request")?;
             latencies.push(started.elapsed());
             if kind != ATTRS {
@@ -164,12 +168,9 @@ impl Sftp {
         self.to.flush().await.map_err(|e| e.to_string())?;
         while !sent.is_empty() {
             let (kind, body) = self.receive().await?;
-            let id = body
-                .get(..4)
-                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-                .ok_or("sftp: a short answer")?;
+            let id = u32_at(&body, 0).ok_or("sftp: a short answer")?;
             let (slot, stage, started) = sent.remove(&id).ok_or("sftp: an answer to no request")?;
-            let ok_status = kind == STATUS && body.get(4..8) == Some(&[0, 0, 0, 0][..]);
+            let ok_status = kind == STATUS && u32_at(&body, 4) == Some(0);
             let next = match stage {
                 Stage::Opening if kind == HANDLE => {
                     // The handle as a string: its length, then its bytes.
@@ -204,9 +205,7 @@ impl Sftp {
                         Stage::Writing(_) => "WRITE",
                         Stage::Closing => "CLOSE",
                     };
-                    let status = body
-                        .get(4..8)
-                        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                    let status = u32_at(&body, 4);
                     let message = String::from_utf8_lossy(body.get(12..).unwrap_or_default());
                     return Err(format!(
                         "sftp: {stage} of {prefix}{slot} got packet type {kind} (status {status:?}: {message})"

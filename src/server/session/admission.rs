@@ -475,18 +475,18 @@ fn submit(
     record: AuditRecord,
 ) -> Result<impl std::future::Future<Output = Result<u64, String>> + Send + 'static + use<>, String>
 {
-    let unavailable = |e: portcullis_store::StoreError| {
-        error!("audit: {e}");
-        gateway.audit.stopped().unwrap_or_else(|| e.to_string())
-    };
-    let submitted = gateway.audit.submit(record).map_err(unavailable)?;
+    let submitted = gateway
+        .audit
+        .submit(record)
+        .map_err(|e| why_unwritten(&gateway.audit, &e))?;
     let audit = gateway.audit.clone();
-    Ok(async move {
-        submitted.await.map_err(|e| {
-            error!("audit: {e}");
-            audit.stopped().unwrap_or_else(|| e.to_string())
-        })
-    })
+    Ok(async move { submitted.await.map_err(|e| why_unwritten(&audit, &e)) })
+}
+
+/// Why an entry was not written: the log's own reason while it is stopped.
+fn why_unwritten(audit: &portcullis_store::AuditLog, e: &portcullis_store::StoreError) -> String {
+    error!("audit: {e}");
+    audit.stopped().unwrap_or_else(|| e.to_string())
 }
 
 /// Waits for an operator to approve a parked call (see
