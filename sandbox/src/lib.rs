@@ -287,9 +287,7 @@ fn die_with_the_daemon() -> Result<(), SetupError> {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
         .map_err(|e| SetupError::os("the parent-death signal", e.into()))?;
     if rustix::process::getppid() != parent || parent.is_none_or(|p| p.is_init()) {
-        return Err(SetupError::Usage(
-            "the gateway that started this launcher is gone".into(),
-        ));
+        return Err(SetupError::GatewayGone);
     }
     Ok(())
 }
@@ -438,6 +436,9 @@ pub enum SetupError {
     EgressPort(std::io::Error),
     #[error("the gateway did not release the command")]
     NotReleased,
+    /// The daemon died before this launcher could be tied to it: nothing runs.
+    #[error("the gateway that started this launcher is gone")]
+    GatewayGone,
     #[error("arguments: {0}")]
     Arguments(&'static str),
 }
@@ -551,6 +552,9 @@ fn run(args: SandboxArgs, raw: &[OsString], prepared: Prepared, in_own_session: 
 /// (`--tty` was the outer launcher's to do.)
 fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
     let status = match world::Status::open(stdin_fd) {
+        Ok(status) if world::Status::reader_gone(&status) => {
+            return refuse(SetupError::GatewayGone);
+        }
         Ok(status) => status,
         Err(e) => return refuse(e),
     };

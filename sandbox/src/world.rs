@@ -22,7 +22,7 @@
 //!
 //! ```text
 //! daemon ─ launcher (session leader; waits) ─ bwrap (monitor)
-//!                                                └ bwrap init (pid 1) ─ launcher --inside (pid 2) ─ program
+//!                                                └ launcher --inside (pid 1, the world's init) ─ program
 //! ```
 //!
 //! The daemon signals the launcher's process group (`shell.signal`, a
@@ -33,16 +33,26 @@
 //! did when it was the launcher's own exec. bwrap reports a signal death as exit code 128+n;
 //! the inner launcher, the program's parent, knows the truth and writes it
 //! to a pipe (see [`Status`]), and the launcher ends the same way, so the
-//! daemon sees what it saw before. When the program ends, bwrap's monitor
-//! exits, its init dies with it (`--die-with-parent`), and the kernel kills
-//! everything left in the PID namespace: `setsid` and double-forks
-//! included. A SIGKILL to the group does the same at once.
+//! daemon sees what it saw before. When the program ends, the inner
+//! launcher reports it and exits, and as the world's init (`--as-pid-1`;
+//! it reaps the world's orphans meanwhile) takes everything left in the
+//! PID namespace with it: `setsid` and double-forks included. A SIGKILL to
+//! the group does the same at once.
+//!
+//! The chain of deaths when the daemon dies, even by SIGKILL: the launcher's
+//! parent-death signal (set before it does anything, see the crate's
+//! text), then bwrap's monitor's and the inner launcher's
+//! (`--die-with-parent`; bwrap sets the inner launcher's before exec). Its
+//! one gap is a monitor that died before the inner launcher's was set
+//! (bwrap's issue 633): the inner launcher then finds the status pipe
+//! without its reader and runs nothing ([`Status::reader_gone`]). bwrap's
+//! own init, which set its signal only after starting the program, was
+//! such a gap; so it is not used.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{Read as _, Write as _};
 use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::PermissionsExt as _;
-use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
@@ -156,6 +166,7 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("--unshare-pid"),
         flag("--unshare-uts"),
         flag("--die-with-parent"),
+        flag("--as-pid-1"),
         flag("--cap-drop"),
         flag("ALL"),
     ]);
@@ -350,12 +361,12 @@ impl Status {
         if let Err(e) = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&relayed()), None) {
             return refuse(SetupError::os("unblocking signals", e.into()));
         }
-        let waited = program.spawn().and_then(|mut child| {
+        let waited = program.spawn().and_then(|child| {
             drop(program);
-            child.wait()
+            reap_until(child.id())
         });
         let line = match waited {
-            Ok(exit) => match (exit.code(), exit.signal()) {
+            Ok(exit) => match (exit.exit_status(), exit.terminating_signal()) {
                 (Some(code), _) => format!("exit {code}\n"),
                 (None, Some(signal)) => format!("signal {signal}\n"),
                 (None, None) => "exit 255\n".to_string(),
@@ -372,6 +383,27 @@ impl Status {
         };
         let _ = status.write_all(line.as_bytes());
         ExitCode::SUCCESS
+    }
+
+    /// Whether the outer launcher, the status pipe's one reader, is gone
+    /// (the write end then polls as an error). Asked once bwrap has set
+    /// this process's parent-death signal, it closes the one gap in the
+    /// chain of deaths (see the module's text): had the daemon died before
+    /// that moment, and the outer launcher and bwrap's monitor with it,
+    /// the signal would be tied to whatever adopted this process.
+    pub(crate) fn reader_gone(status: &std::fs::File) -> bool {
+        use rustix::event::{PollFd, PollFlags, poll};
+        let mut fds = [PollFd::new(status, PollFlags::OUT)];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match poll(&mut fds, Some(&zero)) {
+            Ok(_) => fds[0]
+                .revents()
+                .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL),
+            Err(_) => true,
+        }
     }
 
     /// Ends this process the way the program ended.
@@ -401,6 +433,24 @@ impl Status {
                 // ended the program; should one come here, say so.
                 ExitCode::from(128 + number as u8)
             }
+        }
+    }
+}
+
+/// Waits for the program (`pid`) to end, reaping whatever else ends
+/// meanwhile: this launcher is the world's init (`--as-pid-1`), so every
+/// process orphaned in the world becomes its child, and one left a zombie
+/// would keep its pid (counted against the grant's process limits).
+fn reap_until(pid: u32) -> std::io::Result<rustix::process::WaitStatus> {
+    let program = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| std::io::Error::other("the program has no pid"))?;
+    loop {
+        match rustix::process::wait(rustix::process::WaitOptions::empty()) {
+            Ok(Some((pid, status))) if pid == program => return Ok(status),
+            Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -435,6 +485,15 @@ pub(crate) fn probe() -> Result<(), SetupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_pipe_without_its_reader_says_the_gateway_is_gone() {
+        let (reader, writer) = std::io::pipe().unwrap();
+        let writer = std::fs::File::from(std::os::fd::OwnedFd::from(writer));
+        assert!(!Status::reader_gone(&writer));
+        drop(reader);
+        assert!(Status::reader_gone(&writer));
+    }
 
     #[test]
     fn the_daemon_s_configuration_and_unreadable_etc_entries_are_hidden() {

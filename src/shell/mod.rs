@@ -983,7 +983,7 @@ fn launcher_args(
     };
     args.extend(io_flags.iter().map(OsString::from));
     // In its own world the command's processes are counted in its own
-    // user namespace, where the launcher inside and bwrap's init are two,
+    // user namespace, where the launcher inside (its init) is one more,
     // and (RLIMIT_NPROC counts threads) the egress bridge's threads.
     let max_processes = u64::from(terms.max_processes).min(terms.limits.pids.unwrap_or(u64::MAX));
     let processes = world.then_some(max_processes + WORLD_PROCESSES + bridge_tasks(network));
@@ -1028,12 +1028,12 @@ fn launcher_args(
     args
 }
 
-/// Processes of a command's world that are not the command's: bwrap's
-/// init and the launcher inside.
-const WORLD_PROCESSES: u64 = 2;
+/// Processes of a command's world that are not the command's: the
+/// launcher inside (its init).
+const WORLD_PROCESSES: u64 = 1;
 /// Processes in a command's cgroup that are not the command's: the
-/// launcher, bwrap's monitor and init, the launcher inside.
-const CGROUP_PROCESSES: u64 = 4;
+/// launcher, bwrap's monitor, the launcher inside.
+const CGROUP_PROCESSES: u64 = 3;
 
 /// This host's cgroups for commands (looked for once; see `cgroup.rs`).
 pub fn host_cgroups() -> &'static cgroup::Cgroups {

@@ -399,6 +399,43 @@ pub fn pid_with(marker: &str) -> Option<u32> {
     })
 }
 
+/// Each process on this host whose command line contains `marker`, with
+/// its ancestors (`pid state comm`, outwards): what a test that finds
+/// one alive shows, to say which link of a chain failed.
+pub fn ancestry_of(marker: &str) -> Vec<String> {
+    let stat = |pid: u32| -> Option<(String, u32)> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (head, tail) = text.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1;
+        let mut fields = tail.split_whitespace();
+        let state = fields.next()?;
+        let ppid = fields.next()?.parse().ok()?;
+        Some((format!("{pid} {state} {comm}"), ppid))
+    };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        if !String::from_utf8_lossy(&cmdline).contains(marker) {
+            return None;
+        }
+        let mut chain = Vec::new();
+        let mut next = pid;
+        while next > 1 && chain.len() < 16 {
+            let Some((line, ppid)) = stat(next) else {
+                break;
+            };
+            chain.push(line);
+            next = ppid;
+        }
+        Some(chain.join(" < "))
+    })
+    .collect()
+}
+
 /// Processes on this host whose command line contains `marker`.
 pub fn processes_with(marker: &str) -> Vec<String> {
     std::fs::read_dir("/proc")
