@@ -334,7 +334,7 @@ async fn call_streamed(
     let mut printed = Vec::new();
     while let Some(item) = handle.next().await {
         if let StreamItem::Stream { event, data } = item {
-            printed.push((event, data["text"].as_str().unwrap_or_default().to_string()));
+            printed.push((event, data.as_str().unwrap_or_default().to_string()));
         }
     }
     (printed, handle.response().await)
@@ -426,7 +426,7 @@ async fn secrets_never_leave_in_results_streams_errors_or_the_audit_log() {
     assert_eq!(result["value"], "key is [REDACTED:api_key]");
     assert_eq!(
         printed,
-        [("stdout".to_string(), "using [REDACTED:api_key]".to_string())]
+        [("stdout".to_string(), "using [REDACTED:api_key]\n".to_string())]
     );
 
     let failed = alice

@@ -333,11 +333,19 @@ impl Client {
         self.hello.capabilities.keys().cloned().collect()
     }
 
-    /// Sends `relay.accepted` for these capabilities.
+    /// Sends `relay.accepted` for these capabilities, asking for output
+    /// as binary chunks ([`StreamItem::Chunk`]), the fast path.
     pub async fn accept(&self, capabilities: &[&str]) -> Result<(), ClientError> {
+        self.accept_output(capabilities, "chunks").await
+    }
+
+    /// Sends `relay.accepted` for these capabilities, with output as
+    /// `output` says: `chunks`, or `frames` (`stream` frames as the relay
+    /// spec sends them, [`StreamItem::Stream`]).
+    pub async fn accept_output(&self, capabilities: &[&str], output: &str) -> Result<(), ClientError> {
         let event = Event {
             event: "relay.accepted".into(),
-            payload: json!({ "accepted_capabilities": capabilities }),
+            payload: json!({ "accepted_capabilities": capabilities, "output": output }),
         };
         self.send(Frame::Event(event)).await
     }

@@ -130,9 +130,9 @@ async fn streamed(client: &Client, method: &str, params: Value) -> Result<Value,
         .map_err(|e| e.to_string())?;
     while let Some(item) = handle.next().await {
         if let StreamItem::Stream { event, data } = item {
-            let text = data["text"].as_str().unwrap_or_default();
+            let text = data.as_str().unwrap_or_default();
             match event.as_str() {
-                "stdout" => println!("{text}"),
+                "stdout" => print!("{text}"),
                 _ => eprintln!("{text}"),
             }
         }

@@ -16,6 +16,7 @@
 //! constructor.
 
 mod nested;
+pub mod output;
 pub mod params;
 mod resources;
 
@@ -237,21 +238,55 @@ impl Usage {
     }
 }
 
+/// How a session takes output (stdout, stderr, a terminal's): as the
+/// spec's `stream` frames, or as binary chunks when `relay.accepted`
+/// asked for them (`"output": "chunks"`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OutputForm {
+    #[default]
+    Frames,
+    Chunks,
+}
+
 /// Streams progress of one request before its terminal response.
 #[derive(Clone)]
 pub struct StreamSink {
     id: RequestId,
     outbox: Outbox,
     usage: Arc<Usage>,
+    output: OutputForm,
 }
 
 impl StreamSink {
-    pub fn new(id: RequestId, outbox: Outbox, usage: Arc<Usage>) -> Self {
-        Self { id, outbox, usage }
+    pub fn new(id: RequestId, outbox: Outbox, usage: Arc<Usage>, output: OutputForm) -> Self {
+        Self {
+            id,
+            outbox,
+            usage,
+            output,
+        }
     }
 
     pub fn id(&self) -> &RequestId {
         &self.id
+    }
+
+    /// How this request's session takes output.
+    pub fn output_form(&self) -> OutputForm {
+        self.output
+    }
+
+    /// Sends output as a `stream` frame (see [`output`]).
+    pub async fn output(&self, frame: output::OutputFrame) -> Result<(), SessionGone> {
+        self.usage.add_out(frame.len());
+        let stream = Outbound::Frame(Frame::Stream(Stream {
+            id: self.id.clone(),
+            event: frame.event.to_string(),
+            data: Value::String(frame.data),
+            sequence: Some(frame.sequence),
+            encoding: frame.base64.then(|| "base64".to_string()),
+        }));
+        self.outbox.send(stream).await.map_err(|_| SessionGone)
     }
 
     /// Sends a `stream` frame; waits while the peer is slow. Fails only
@@ -272,6 +307,8 @@ impl StreamSink {
             id: self.id.clone(),
             event: event.to_string(),
             data,
+            sequence: None,
+            encoding: None,
         }))
     }
 

@@ -26,7 +26,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::provider::EventSink;
-use crate::provider::{SessionGone, StreamSink};
+use crate::provider::output::{OutputFrame, TextOutput};
+use crate::provider::{OutputForm, SessionGone, StreamSink};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use portcullis_wire::record::Channel;
 
@@ -453,9 +454,10 @@ impl Output {
 /// Bytes a reader takes from the ring at a time.
 const READ_BATCH: usize = 256 * 1024;
 
-/// Sends the output from `seq` as chunks until it ends, reporting what
-/// the ring no longer held as `output_truncated` stream frames. Returns
-/// the bytes missed.
+/// Sends the output from `seq` until it ends, as `stream` frames or
+/// chunks (the session's [`OutputForm`]), reporting what the ring no
+/// longer held as `output_truncated` stream frames. Returns the bytes
+/// missed.
 pub async fn stream(
     process: &Process,
     mut seq: u64,
@@ -463,10 +465,16 @@ pub async fn stream(
 ) -> Result<u64, SessionGone> {
     let mut progress = process.output.subscribe();
     let mut missed_total = 0;
+    let mut text = (sink.output_form() == OutputForm::Frames).then(TextOutput::default);
+    let mut frames = Vec::new();
     loop {
         progress.borrow_and_update();
         let batch = process.output.read_from(seq, READ_BATCH);
         if batch.missed > 0 {
+            if let Some(text) = &mut text {
+                text.flush(&mut frames);
+                send_frames(sink, &mut frames).await?;
+            }
             missed_total += batch.missed;
             let resumed_at = seq + batch.missed;
             let report =
@@ -475,16 +483,33 @@ pub async fn stream(
         }
         let caught_up = batch.pieces.is_empty();
         for piece in batch.pieces {
-            sink.chunk(piece.channel, piece.data).await?;
+            match &mut text {
+                None => sink.chunk(piece.channel, piece.data).await?,
+                Some(text) => {
+                    text.push(piece.channel, piece.seq, &piece.data, &mut frames);
+                    send_frames(sink, &mut frames).await?;
+                }
+            }
         }
         seq = batch.next;
         if batch.done {
+            if let Some(text) = &mut text {
+                text.flush(&mut frames);
+                send_frames(sink, &mut frames).await?;
+            }
             return Ok(missed_total);
         }
         if caught_up && progress.changed().await.is_err() {
             return Ok(missed_total);
         }
     }
+}
+
+async fn send_frames(sink: &StreamSink, frames: &mut Vec<OutputFrame>) -> Result<(), SessionGone> {
+    for frame in frames.drain(..) {
+        sink.output(frame).await?;
+    }
+    Ok(())
 }
 
 /// Every process the shell provider started in this run of the gateway,

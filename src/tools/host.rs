@@ -206,7 +206,8 @@ impl Host {
             unsettled: self.unsettled.clone(),
         };
         let debug = sink.clone();
-        engine.on_print(move |text| sink.send("stdout", text));
+        // A line, as print writes one.
+        engine.on_print(move |text| sink.send("stdout", &format!("{text}\n")));
         engine.on_debug(move |text, _, _| debug.send("log", text));
     }
 
@@ -300,7 +301,7 @@ impl Output {
             Some(secrets) => secrets.redact_text(text),
             None => text.to_string(),
         };
-        let _ = self.stream.event_blocking(event, json!({"text": text}));
+        let _ = self.stream.event_blocking(event, Value::String(text));
     }
 }
 

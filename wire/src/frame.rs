@@ -199,6 +199,14 @@ pub struct Stream {
     pub event: String,
     #[serde(default)]
     pub data: Value,
+    /// Of output (`stdout`, `stderr`): where its first byte is in the
+    /// request's output (all streams together, from 0), so a client that
+    /// reattaches resumes at `sequence` + the bytes it holds of this frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
+    /// `base64` when `data` holds output that is not UTF-8 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -365,7 +365,7 @@ impl Session {
         };
         let call = Call {
             principal: self.principal.clone(),
-            stream: StreamSink::new(stream_id, self.outbox.clone(), usage.clone()),
+            stream: StreamSink::new(stream_id, self.outbox.clone(), usage.clone(), self.output),
             request,
             policy,
             terms,

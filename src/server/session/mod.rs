@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::provider::SessionResources;
-use crate::provider::{Nested, Origin, Outbound, Outbox, Requests, Usage};
+use crate::provider::{Nested, Origin, OutputForm, Outbound, Outbox, Requests, Usage};
 use crate::server::peer::Peer;
 use crate::server::state::{Gateway, SessionInfo};
 use portcullis_wire::channel::{ChannelError, RecordSink, RecordSource};
@@ -139,6 +139,7 @@ pub async fn run<R, W>(
         in_flight: HashMap::new(),
         inputs: HashMap::new(),
         accepted: None,
+        output: OutputForm::Frames,
         tools,
         granted,
         end_reason: Arc::new(OnceLock::new()),
@@ -179,6 +180,9 @@ struct Session {
     inputs: HashMap<RequestId, InputRoute>,
     /// Capabilities named in `relay.accepted`; `None` until it arrives.
     accepted: Option<BTreeSet<String>>,
+    /// How output is sent: `relay.accepted`'s `output` (frames unless it
+    /// says `chunks`).
+    output: OutputForm,
     granted: Summary,
     /// The tool descriptors the principal was last granted, by name.
     tools: BTreeMap<String, Value>,
@@ -513,6 +517,22 @@ impl Session {
                     json!({"code": "invalid_request", "message": message}),
                 )
                 .await;
+        };
+        self.output = match payload.get("output").and_then(Value::as_str) {
+            Some("chunks") => OutputForm::Chunks,
+            None | Some("frames") => OutputForm::Frames,
+            Some(other) => {
+                let message = format!(
+                    "relay.accepted: output `{other}` is neither `frames` (the default) nor \
+                     `chunks`; output goes as stream frames"
+                );
+                self.event(
+                    "relay.error",
+                    json!({"code": "invalid_request", "message": message}),
+                )
+                .await;
+                OutputForm::Frames
+            }
         };
         let offered = granted_names(&self.granted);
         let accepted = names

@@ -1,0 +1,257 @@
+//! A runtime written from the relay spec (`../shared/specs/relay-0.74/`)
+//! alone, apart from the Noise channel that carries its frames: its own
+//! small client, JSON frames in and out, never a binary chunk. It runs a
+//! command and reads its output from `stream` frames, and reattaches to a
+//! process exactly where it left off.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Gateway, key_b64};
+use futures_util::{SinkExt, StreamExt};
+use portcullis_crypto::{Handshake, PROLOGUE, StaticKeypair, Transport};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+/// The spec's frames over the Noise channel: a record is a kind byte
+/// (0x01, a frame) and the frame's JSON.
+struct SpecClient {
+    ws: WebSocketStream<TcpStream>,
+    transport: Transport,
+    hello: Value,
+}
+
+impl SpecClient {
+    async fn connect(gw: &Gateway, identity: &StaticKeypair) -> Self {
+        let tcp = TcpStream::connect(gw.addr).await.unwrap();
+        let request = format!("{}/api/v1/relay/connect", gw.url)
+            .into_client_request()
+            .unwrap();
+        let (mut ws, _) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
+        let mut hs = Handshake::initiator(identity, PROLOGUE).pin_remote_static(gw.key);
+        ws.send(Message::Binary(hs.write_message(&[]).unwrap().into()))
+            .await
+            .unwrap();
+        let Some(Ok(Message::Binary(m2))) = ws.next().await else {
+            panic!("no handshake message 2")
+        };
+        hs.read_message(&m2).unwrap();
+        ws.send(Message::Binary(hs.write_message(b"{}").unwrap().into()))
+            .await
+            .unwrap();
+        let transport = hs.into_transport().unwrap();
+        let mut client = Self {
+            ws,
+            transport,
+            hello: Value::Null,
+        };
+        client.hello = client.recv().await;
+        assert_eq!(client.hello["type"], "hello", "{}", client.hello);
+        assert_eq!(client.hello["protocol"], "ya-environment-relay.v1");
+        // The spec's relay.accepted, as its example writes it.
+        client
+            .send(json!({
+                "type": "event",
+                "event": "relay.accepted",
+                "payload": {
+                    "connection_id": "relay_conn_123",
+                    "accepted_capabilities": ["fileops", "shell"],
+                    "server_time": "2026-05-11T15:40:00Z"
+                }
+            }))
+            .await;
+        client
+    }
+
+    async fn send(&mut self, frame: Value) {
+        let mut record = vec![0x01];
+        record.extend(serde_json::to_vec(&frame).unwrap());
+        let sealed = self.transport.seal(&record).unwrap();
+        self.ws.send(Message::Binary(sealed.into())).await.unwrap();
+    }
+
+    /// The next frame (pings answered on the way).
+    async fn recv(&mut self) -> Value {
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(20), self.ws.next())
+                .await
+                .expect("a frame within 20 s");
+            let Some(Ok(Message::Binary(sealed))) = message else {
+                panic!("the connection ended: {message:?}")
+            };
+            let record = self.transport.open(&sealed).unwrap();
+            assert_eq!(
+                record.first(),
+                Some(&0x01),
+                "a binary chunk, which this client never asked for"
+            );
+            let frame: Value = serde_json::from_slice(&record[1..]).unwrap();
+            if frame["type"] == "ping" {
+                self.send(json!({"type": "pong", "id": frame["id"], "ts": frame["ts"]}))
+                    .await;
+                continue;
+            }
+            return frame;
+        }
+    }
+
+    /// Sends a request and collects its stream frames until the terminal
+    /// response; also returns after `until` says so of a stream frame.
+    async fn call(
+        &mut self,
+        id: &str,
+        method: &str,
+        params: Value,
+        until: impl Fn(&[Value]) -> bool,
+    ) -> (Vec<Value>, Option<Value>) {
+        let request = json!({"type": "request", "id": id, "method": method, "params": params});
+        self.send(request).await;
+        let mut streams = Vec::new();
+        loop {
+            let frame = self.recv().await;
+            if frame["id"] != id {
+                continue;
+            }
+            match frame["type"].as_str() {
+                Some("stream") => {
+                    streams.push(frame);
+                    if until(&streams) {
+                        return (streams, None);
+                    }
+                }
+                Some("response") => return (streams, Some(frame)),
+                other => panic!("unexpected frame {other:?}: {frame}"),
+            }
+        }
+    }
+}
+
+/// The output of `event` in these stream frames, decoded, checking that
+/// each frame's `sequence` is where the output before it ends (counting
+/// from `from`, both streams together).
+fn output(frames: &[Value], from: u64) -> (Vec<u8>, Vec<u8>, u64) {
+    use base64::Engine as _;
+    let (mut out, mut err, mut at) = (Vec::new(), Vec::new(), from);
+    for frame in frames {
+        let event = frame["event"].as_str().unwrap();
+        if event != "stdout" && event != "stderr" {
+            continue;
+        }
+        let data = frame["data"].as_str().expect("output data is a string");
+        let bytes = match frame["encoding"].as_str() {
+            Some("base64") => base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .unwrap(),
+            None => data.as_bytes().to_vec(),
+            Some(other) => panic!("encoding {other}"),
+        };
+        assert_eq!(frame["sequence"], at, "{frame}");
+        at += bytes.len() as u64;
+        match event {
+            "stdout" => out.extend(bytes),
+            _ => err.extend(bytes),
+        }
+    }
+    (out, err, at)
+}
+
+fn setup() -> (Gateway, StaticKeypair) {
+    let alice = StaticKeypair::generate().unwrap();
+    let policy = format!(
+        r#"
+[[principal]]
+id = "alice"
+public_key = "{alice}"
+
+[[root]]
+id = "main"
+path = "GWDIR/workspace"
+virtual_path = "/workspace/main"
+
+[[grant]]
+id = "alice"
+principals = ["alice"]
+fileops = {{ main = "rw" }}
+shell = {{ commands = ["sh", "printf", "sleep", "cat"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, persist = true }}
+"#,
+        alice = key_b64(&alice),
+    );
+    let gw = Gateway::start(&policy, "");
+    std::fs::create_dir_all(gw.dir.join("workspace")).unwrap();
+    (gw, alice)
+}
+
+#[tokio::test]
+async fn a_command_s_output_arrives_as_stream_frames() {
+    let (gw, alice) = setup();
+    let mut client = SpecClient::connect(&gw, &alice).await;
+    assert_eq!(client.hello["capabilities"]["shell"]["enabled"], true);
+    // Text on both streams, a character the pipe may cut, and bytes that
+    // are not UTF-8.
+    let script = r"printf 'Running tests...\n'; printf 'warn\n' >&2; printf 'caf\303\251 \342\202\254\n'; printf 'bin\377\376\n'";
+    let params = json!({"command": ["sh", "-c", script], "root_id": "main", "cwd": ""});
+    let (frames, response) = client
+        .call("req_shell_1", "shell.start", params, |_| false)
+        .await;
+    let response = response.unwrap();
+    assert_eq!(response["result"]["exit_code"], 0, "{response}");
+    assert_eq!(frames[0]["event"], "started", "{frames:?}");
+    let (out, err, end) = output(&frames, 0);
+    assert_eq!(out, b"Running tests...\ncaf\xc3\xa9 \xe2\x82\xac\nbin\xff\xfe\n");
+    assert_eq!(err, b"warn\n");
+    assert_eq!(
+        end,
+        response["result"]["stdout_bytes"].as_u64().unwrap()
+            + response["result"]["stderr_bytes"].as_u64().unwrap()
+    );
+    // Text frames are text: only the frame with the bytes that are not
+    // UTF-8 is base64.
+    let base64: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f["encoding"] == "base64")
+        .collect();
+    assert!(base64.len() <= 1, "{frames:?}");
+    assert!(
+        frames.iter().any(|f| f["event"] == "stdout"
+            && f["encoding"].is_null()
+            && f["data"].as_str().unwrap().starts_with("Running tests...\n")),
+        "{frames:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_reattaches_resumes_at_the_next_byte() {
+    let (gw, alice) = setup();
+    let mut first = SpecClient::connect(&gw, &alice).await;
+    // One line now; the rest once the first client is gone.
+    let script = "printf 'one\\n'; sleep 1; printf 'two\\n'; printf 'three\\n' >&2; sleep 0.5";
+    let params = json!({"command": ["sh", "-c", script], "root_id": "main", "cwd": ""});
+    let (frames, response) = first
+        .call("start_1", "shell.start", params, |frames| {
+            frames.iter().any(|f| f["event"] == "stdout")
+        })
+        .await;
+    assert!(response.is_none());
+    let process_id = frames[0]["data"]["process_id"].as_str().unwrap().to_string();
+    let (out, _, resume_at) = output(&frames, 0);
+    assert_eq!(out, b"one\n");
+    drop(first);
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut second = SpecClient::connect(&gw, &alice).await;
+    let params = json!({"process_id": process_id, "from_seq": resume_at});
+    let (frames, response) = second
+        .call("attach_1", "shell.attach", params, |_| false)
+        .await;
+    let response = response.unwrap();
+    assert!(response["result"].is_object(), "{response}");
+    let attached = frames.iter().find(|f| f["event"] == "attached").unwrap();
+    assert_eq!(attached["data"]["from_seq"], resume_at, "{attached}");
+    let (out, err, _) = output(&frames, resume_at);
+    assert_eq!(out, b"two\n");
+    assert_eq!(err, b"three\n");
+}
