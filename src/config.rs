@@ -95,6 +95,10 @@ pub struct Limits {
     /// How long SIGTERM waits for requests in flight.
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
+    /// The largest frame (JSON) taken or sent in parts: a request or a
+    /// result larger than one record. `"16 MiB"` or bytes.
+    #[serde(deserialize_with = "size")]
+    pub max_frame: usize,
 }
 
 impl Default for Limits {
@@ -107,8 +111,26 @@ impl Default for Limits {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
+            max_frame: portcullis_wire::record::DEFAULT_MAX_FRAME,
         }
     }
+}
+
+/// A size as `"16 MiB"` or a number of bytes.
+fn size<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    let bytes = match Size::deserialize(d)? {
+        Size::Bytes(n) => n,
+        Size::Text(text) => {
+            portcullis_policy::units::parse_size(&text).map_err(serde::de::Error::custom)?
+        }
+    };
+    usize::try_from(bytes).map_err(|_| serde::de::Error::custom("the size is too large"))
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -196,6 +218,11 @@ impl Config {
         let l = raw.limits;
         if l.max_connections == 0 || l.max_sessions_per_principal == 0 || l.max_in_flight == 0 {
             return Err(value_error("limits must be at least 1"));
+        }
+        if l.max_frame < portcullis_wire::record::MAX_RECORD_LEN {
+            return Err(value_error(
+                "`[limits] max_frame` must be at least 64 KiB (one record), e.g. \"16 MiB\"",
+            ));
         }
         // Either would prune the whole audit log every minute: surely a
         // slip, and one that destroys evidence.

@@ -23,6 +23,8 @@ struct SpecClient {
     ws: WebSocketStream<TcpStream>,
     transport: Transport,
     hello: Value,
+    /// A frame arriving in parts, so far.
+    parts: Vec<u8>,
 }
 
 impl SpecClient {
@@ -48,6 +50,7 @@ impl SpecClient {
             ws,
             transport,
             hello: Value::Null,
+            parts: Vec::new(),
         };
         client.hello = client.recv().await;
         assert_eq!(client.hello["type"], "hello", "{}", client.hello);
@@ -70,7 +73,11 @@ impl SpecClient {
     async fn send(&mut self, frame: Value) {
         let mut record = vec![0x01];
         record.extend(serde_json::to_vec(&frame).unwrap());
-        let sealed = self.transport.seal(&record).unwrap();
+        self.send_record(&record).await;
+    }
+
+    async fn send_record(&mut self, record: &[u8]) {
+        let sealed = self.transport.seal(record).unwrap();
         self.ws.send(Message::Binary(sealed.into())).await.unwrap();
     }
 
@@ -84,12 +91,22 @@ impl SpecClient {
                 panic!("the connection ended: {message:?}")
             };
             let record = self.transport.open(&sealed).unwrap();
-            assert_eq!(
-                record.first(),
-                Some(&0x01),
-                "a binary chunk, which this client never asked for"
-            );
-            let frame: Value = serde_json::from_slice(&record[1..]).unwrap();
+            // A frame larger than one record comes in parts (0x03, then
+            // 0 or 1 for the last), joined here.
+            let json = match record.first() {
+                Some(0x01) => record[1..].to_vec(),
+                Some(0x03) => {
+                    self.parts.extend_from_slice(&record[2..]);
+                    if record[1] == 0 {
+                        continue;
+                    }
+                    std::mem::take(&mut self.parts)
+                }
+                other => panic!(
+                    "record kind {other:?}: a binary chunk, which this client never asked for"
+                ),
+            };
+            let frame: Value = serde_json::from_slice(&json).unwrap();
             if frame["type"] == "ping" {
                 self.send(json!({"type": "pong", "id": frame["id"], "ts": frame["ts"]}))
                     .await;
@@ -160,6 +177,11 @@ fn output(frames: &[Value], from: u64) -> (Vec<u8>, Vec<u8>, u64) {
 }
 
 fn setup() -> (Gateway, StaticKeypair) {
+    setup_with("")
+}
+
+/// alice may read and write files, run a few programs and call `big`.
+fn setup_with(limits: &str) -> (Gateway, StaticKeypair) {
     let alice = StaticKeypair::generate().unwrap();
     let policy = format!(
         r#"
@@ -176,12 +198,28 @@ virtual_path = "/workspace/main"
 id = "alice"
 principals = ["alice"]
 fileops = {{ main = "rw" }}
-shell = {{ commands = ["sh", "printf", "sleep", "cat"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, persist = true }}
+shell = {{ commands = ["sh", "printf", "sleep", "cat", "head", "tr"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, persist = true }}
+tools = {{ allow = ["big"] }}
+
+[[tool]]
+name = "big"
+description = "Prints 200 KB, returns 512 KiB."
+input_schema = {{ type = "object" }}
+risk = "low"
+approval_policy = "allow"
+script = "tools/big.rhai"
 "#,
         alice = key_b64(&alice),
     );
-    let gw = Gateway::start(&policy, "");
-    std::fs::create_dir_all(gw.dir.join("workspace")).unwrap();
+    let gw = Gateway::start(&policy, limits);
+    for dir in ["workspace", "tools"] {
+        std::fs::create_dir_all(gw.dir.join(dir)).unwrap();
+    }
+    std::fs::write(
+        gw.dir.join("tools/big.rhai"),
+        "let s = \"x\"; while s.len() < 524288 { s += s; }\nprint(s.sub_string(0, 200000));\ns",
+    )
+    .unwrap();
     (gw, alice)
 }
 
@@ -201,7 +239,10 @@ async fn a_command_s_output_arrives_as_stream_frames() {
     assert_eq!(response["result"]["exit_code"], 0, "{response}");
     assert_eq!(frames[0]["event"], "started", "{frames:?}");
     let (out, err, end) = output(&frames, 0);
-    assert_eq!(out, b"Running tests...\ncaf\xc3\xa9 \xe2\x82\xac\nbin\xff\xfe\n");
+    assert_eq!(
+        out,
+        b"Running tests...\ncaf\xc3\xa9 \xe2\x82\xac\nbin\xff\xfe\n"
+    );
     assert_eq!(err, b"warn\n");
     assert_eq!(
         end,
@@ -218,7 +259,10 @@ async fn a_command_s_output_arrives_as_stream_frames() {
     assert!(
         frames.iter().any(|f| f["event"] == "stdout"
             && f["encoding"].is_null()
-            && f["data"].as_str().unwrap().starts_with("Running tests...\n")),
+            && f["data"]
+                .as_str()
+                .unwrap()
+                .starts_with("Running tests...\n")),
         "{frames:?}"
     );
 }
@@ -236,7 +280,10 @@ async fn a_client_that_reattaches_resumes_at_the_next_byte() {
         })
         .await;
     assert!(response.is_none());
-    let process_id = frames[0]["data"]["process_id"].as_str().unwrap().to_string();
+    let process_id = frames[0]["data"]["process_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let (out, _, resume_at) = output(&frames, 0);
     assert_eq!(out, b"one\n");
     drop(first);
@@ -254,4 +301,126 @@ async fn a_client_that_reattaches_resumes_at_the_next_byte() {
     let (out, err, _) = output(&frames, resume_at);
     assert_eq!(out, b"two\n");
     assert_eq!(err, b"three\n");
+}
+
+#[tokio::test]
+async fn a_5_mib_exec_result_arrives_whole() {
+    let (gw, alice) = setup();
+    let mut client = SpecClient::connect(&gw, &alice).await;
+    assert_eq!(client.hello["max_frame"], 16 << 20, "{}", client.hello);
+    let script = "head -c 5242880 /dev/zero | tr '\\0' y";
+    let params = json!({"command": ["sh", "-c", script], "root_id": "main", "cwd": ""});
+    let (_, response) = client.call("exec_1", "shell.exec", params, |_| false).await;
+    let result = &response.unwrap()["result"];
+    assert_eq!(result["stdout_bytes"], 5 << 20);
+    assert_eq!(result["stdout_truncated"], false);
+    assert_eq!(result["stdout"].as_str().unwrap().len(), 5 << 20);
+    assert!(
+        result["stdout"]
+            .as_str()
+            .unwrap()
+            .bytes()
+            .all(|b| b == b'y')
+    );
+}
+
+#[tokio::test]
+async fn requests_and_results_larger_than_a_record_go_in_parts() {
+    let (gw, alice) = setup();
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    // A 1 MiB inline write (the request in parts), read back inline.
+    let content: String = (0..(1 << 20))
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let wrote = client
+        .request(
+            "file.write",
+            json!({"root_id": "main", "path": "big.txt", "content": content}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(wrote["size"], 1 << 20, "{wrote}");
+    let read = client
+        .request("file.read", json!({"root_id": "main", "path": "big.txt"}))
+        .await
+        .unwrap();
+    assert_eq!(read["eof"], true);
+    assert!(read["content"] == content.as_str(), "read back differs");
+    // A tool that prints 200 KB and returns 512 KiB.
+    let mut handle = client
+        .start("tool.call", json!({"name": "big", "arguments": {}}))
+        .await
+        .unwrap();
+    let mut printed = String::new();
+    while let Some(item) = handle.next().await {
+        if let portcullis_client::StreamItem::Stream { event, data } = item {
+            assert_eq!(event, "stdout");
+            printed.push_str(data.as_str().unwrap());
+        }
+    }
+    let result = handle.response().await.unwrap();
+    assert_eq!(printed.len(), 200_001);
+    assert_eq!(result["value"].as_str().unwrap().len(), 524_288);
+}
+
+#[tokio::test]
+async fn past_max_frame_a_result_is_refused_and_a_request_too() {
+    let (gw, alice) = setup_with("[limits]\nmax_frame = \"128 KiB\"");
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    assert_eq!(client.hello().max_frame, Some(128 << 10));
+    // exec keeps what fits; a tool's result that does not is an error
+    // that says which limit.
+    let r = client
+        .request(
+            "shell.exec",
+            json!({"command": ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' z"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["stdout_truncated"], true);
+    assert!(r["stdout"].as_str().unwrap().len() < 64 << 10);
+    let big = client
+        .request("tool.call", json!({"name": "big", "arguments": {}}))
+        .await
+        .unwrap_err();
+    assert!(big.to_string().contains("max_frame"), "{big}");
+    // The client will not send what the gateway said it will not take.
+    let content = "q".repeat(200_000);
+    let refused = client
+        .request(
+            "file.write",
+            json!({"root_id": "main", "path": "q.txt", "content": content}),
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("131072"), "{refused}");
+
+    // A peer that sends it anyway: dropped as it comes, reported once,
+    // and the session goes on.
+    let mut raw = SpecClient::connect(&gw, &alice).await;
+    let frame = json!({"type": "request", "id": "huge", "method": "file.write",
+        "params": {"root_id": "main", "path": "q.txt", "content": content}});
+    let json = serde_json::to_vec(&frame).unwrap();
+    let pieces: Vec<&[u8]> = json.chunks(60_000).collect();
+    for (i, piece) in pieces.iter().enumerate() {
+        let mut record = vec![0x03, u8::from(i + 1 == pieces.len())];
+        record.extend_from_slice(piece);
+        raw.send_record(&record).await;
+    }
+    let error = raw.recv().await;
+    assert_eq!(error["event"], "relay.error", "{error}");
+    assert_eq!(error["payload"]["code"], "invalid_request");
+    assert!(
+        error["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("131072"),
+        "{error}"
+    );
+    raw.send(json!({"type": "ping", "id": "still-there"})).await;
+    let pong = raw.recv().await;
+    assert_eq!(pong["type"], "pong");
+    assert!(!gw.dir.join("workspace/q.txt").exists());
 }

@@ -126,15 +126,23 @@ async fn exec_reports_exit_codes_signals_and_output() {
         .unwrap();
     assert_eq!(r["exit_code"], 0);
 
-    // Output beyond the cap is counted, not kept.
+    // 5 MiB of output comes whole (the response goes in parts); what is
+    // beyond half the gateway's max_frame (16 MiB) is counted, not kept.
     let r = alice
-        .request("shell.exec", sh("head -c 100000 /dev/zero | tr '\\0' a"))
+        .request("shell.exec", sh("head -c 5242880 /dev/zero | tr '\\0' a"))
         .await
         .unwrap();
-    assert_eq!(r["stdout_bytes"], 100_000);
+    assert_eq!(r["stdout_bytes"], 5 << 20);
+    assert_eq!(r["stdout_truncated"], false);
+    assert_eq!(r["stdout"].as_str().unwrap(), "a".repeat(5 << 20));
+    let r = alice
+        .request("shell.exec", sh("head -c 9000000 /dev/zero | tr '\\0' a"))
+        .await
+        .unwrap();
+    assert_eq!(r["stdout_bytes"], 9_000_000);
     assert_eq!(r["stdout_truncated"], true);
     let kept = r["stdout"].as_str().unwrap().len();
-    assert!((20_000..=24 * 1024).contains(&kept), "{kept}");
+    assert!((8_000_000..(8 << 20)).contains(&kept), "{kept}");
 
     // Refusals: a program not granted, not on PATH, a cwd outside cwd_roots.
     let not_granted = alice
@@ -151,7 +159,7 @@ async fn exec_reports_exit_codes_signals_and_output() {
     assert_eq!(code(&outside), Some(ErrorCode::PermissionDenied));
 
     // 9 answered; the first is recorded with its command and exit code.
-    gw.assert_requests_audited(9);
+    gw.assert_requests_audited(10);
     let entries = gw.audit_entries();
     let exits: Vec<(Option<&str>, Option<i32>)> = entries
         .iter()

@@ -426,7 +426,10 @@ async fn secrets_never_leave_in_results_streams_errors_or_the_audit_log() {
     assert_eq!(result["value"], "key is [REDACTED:api_key]");
     assert_eq!(
         printed,
-        [("stdout".to_string(), "using [REDACTED:api_key]\n".to_string())]
+        [(
+            "stdout".to_string(),
+            "using [REDACTED:api_key]\n".to_string()
+        )]
     );
 
     let failed = alice

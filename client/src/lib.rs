@@ -33,7 +33,8 @@ use zeroize::Zeroizing;
 
 use portcullis_wire::channel::{self, ChannelError, RELAY_PATH};
 use portcullis_wire::frame::{
-    Cancel, ErrorBody, Event, Frame, Heartbeat, Hello, Request, RequestContext, RequestId, Response,
+    self, Cancel, ErrorBody, Event, Frame, Heartbeat, Hello, Request, RequestContext, RequestId,
+    Response,
 };
 use portcullis_wire::record::{self, Channel, Record};
 
@@ -63,6 +64,9 @@ pub struct ClientOptions {
     /// counted as lost (and reported as [`EVENTS_LOST`]) rather than
     /// stall responses behind them.
     pub event_queue: usize,
+    /// The largest frame taken or sent in parts (a result larger than one
+    /// record): past it a request is refused here, and a response dropped.
+    pub max_frame: usize,
 }
 
 /// The event [`Client::next_event`] yields where events were lost because
@@ -80,6 +84,7 @@ impl ClientOptions {
             timeout: Duration::from_secs(10),
             tls_ca: None,
             event_queue: 256,
+            max_frame: record::DEFAULT_MAX_FRAME,
         }
     }
 }
@@ -179,6 +184,7 @@ pub struct Client {
     next_id: AtomicU64,
     closed: watch::Receiver<Option<String>>,
     reader_task: tokio::task::JoinHandle<()>,
+    max_frame: usize,
 }
 
 impl Drop for Client {
@@ -252,6 +258,7 @@ impl Client {
             channel::connect(ws, &options.identity, options.gateway_key, &credentials).await?;
         let gateway_info = serde_json::from_slice(&connected.gateway_info).unwrap_or(Value::Null);
         let (mut writer, mut reader) = (connected.writer, connected.reader);
+        let max_frame = options.max_frame;
 
         let first = reader.recv().await?;
         let hello = match record::decode(&first) {
@@ -290,10 +297,12 @@ impl Client {
         let (reader_shared, reader_outbox) = (shared.clone(), outbox.clone());
         let reader_task = tokio::spawn(async move {
             let buffers = channel::BufferPool::default();
+            let mut parts = record::Assembler::new(max_frame);
             let reason = loop {
                 match reader.recv_pooled(&buffers).await {
                     Ok(plaintext) => {
-                        route(plaintext, &reader_shared, &mut events_tx, &reader_outbox).await
+                        let (shared, outbox) = (&reader_shared, &reader_outbox);
+                        route(plaintext, shared, &mut events_tx, outbox, &mut parts).await
                     }
                     Err(e) => break e.to_string(),
                 }
@@ -305,6 +314,11 @@ impl Client {
             }
             let _ = closed_tx.send(Some(reason));
         });
+        // What the gateway takes, if it says.
+        let sent_max = hello
+            .max_frame
+            .and_then(|m| usize::try_from(m).ok())
+            .map_or(max_frame, |m| m.min(max_frame));
         Ok(Self {
             hello,
             gateway_info,
@@ -316,6 +330,7 @@ impl Client {
             next_id: AtomicU64::new(1),
             closed,
             reader_task,
+            max_frame: sent_max,
         })
     }
 
@@ -342,7 +357,11 @@ impl Client {
     /// Sends `relay.accepted` for these capabilities, with output as
     /// `output` says: `chunks`, or `frames` (`stream` frames as the relay
     /// spec sends them, [`StreamItem::Stream`]).
-    pub async fn accept_output(&self, capabilities: &[&str], output: &str) -> Result<(), ClientError> {
+    pub async fn accept_output(
+        &self,
+        capabilities: &[&str],
+        output: &str,
+    ) -> Result<(), ClientError> {
         let event = Event {
             event: "relay.accepted".into(),
             payload: json!({ "accepted_capabilities": capabilities, "output": output }),
@@ -357,11 +376,15 @@ impl Client {
         self.accept(&names).await
     }
 
-    /// Sends any frame as-is (tests use this to misbehave on purpose).
+    /// Sends any frame as-is (tests use this to misbehave on purpose); one
+    /// larger than a record goes in parts.
     pub async fn send(&self, frame: Frame) -> Result<(), ClientError> {
-        let mut buf = Vec::new();
-        record::encode_frame(&frame, &mut buf).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        self.send_record(buf).await
+        let records = record::encode_frame_records(&frame, self.max_frame)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        for record in records {
+            self.send_record(record).await?;
+        }
+        Ok(())
     }
 
     /// Sends a plaintext record as-is, sealed.
@@ -585,10 +608,25 @@ async fn route(
     shared: &Mutex<Shared>,
     events: &mut EventQueue,
     outbox: &mpsc::Sender<Vec<u8>>,
+    parts: &mut record::Assembler,
 ) {
     let lock = || shared.lock().ok();
+    let joined;
+    let decoded = match record::decode(&plaintext) {
+        Ok(Record::Part(part)) => match parts.push(part) {
+            None => return,
+            Some(Ok(json)) => {
+                joined = json;
+                frame::decode_frame(&joined)
+                    .map(Record::Frame)
+                    .map_err(Into::into)
+            }
+            Some(Err(e)) => Err(e),
+        },
+        other => other,
+    };
     // A chunk's data is handed on as a slice of the record, not copied.
-    match record::decode(&plaintext) {
+    match decoded {
         Ok(Record::Frame(Frame::Response(response))) => {
             if let Some(pending) = lock().and_then(|mut s| s.pending.remove(&response.id)) {
                 let _ = pending.response.send(response);
@@ -635,7 +673,7 @@ async fn route(
                 let _ = waiter.send(());
             }
         }
-        Ok(Record::Frame(_)) | Err(_) => {}
+        Ok(Record::Frame(_) | Record::Part(_)) | Err(_) => {}
     }
 }
 

@@ -24,6 +24,17 @@ fuzz_target!(|data: &[u8]| {
                 .expect("a decoded chunk re-encodes");
             assert_eq!(again, data, "chunk encoding is canonical");
         }
+        Record::Part(part) => {
+            again.extend([record::KIND_PART, u8::from(part.last)]);
+            again.extend_from_slice(part.json);
+            assert_eq!(again, data, "a part is its flag and bytes");
+            // Alone, or as the last of a frame, through a small assembler:
+            // bounded, and what it joins is only ever decoded, never trusted.
+            let mut parts = record::Assembler::new(1 << 10);
+            if let Some(Ok(json)) = parts.push(*part) {
+                let _ = portcullis_wire::frame::decode_frame(&json);
+            }
+        }
     }
     assert_eq!(
         record::decode(&again).expect("re-encoded record decodes"),

@@ -32,12 +32,15 @@ use portcullis_confine::{FileError, Root, RootSpec};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use portcullis_wire::record::Channel;
 
-/// Largest inline read, in bytes of file data, before it is fitted to one
-/// response record (JSON escaping can only shrink what fits).
-pub const MAX_INLINE_READ: usize = 48 * 1024;
+/// Largest inline read, in bytes of file data, before it is fitted to the
+/// result's room (the gateway's `max_frame`; JSON escaping can only shrink
+/// what fits). Larger reads stream (`stream: true`).
+pub const MAX_INLINE_READ: usize = 4 << 20;
 /// JSON bytes a response's payload (content, entries) may take: a record
 /// is 65519 bytes, and the id and other fields need room too.
 pub(crate) const RESPONSE_BUDGET: usize = 60_000;
+/// Room an inline read's other fields take beside its content.
+const RESULT_FIELDS: usize = 1024;
 
 /// The `fileops` provider. Cloning shares its state.
 #[derive(Clone)]
@@ -258,6 +261,7 @@ async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
         input,
         usage,
         resources,
+        max_result,
         ..
     } = call;
     match (request.method.as_str(), terms) {
@@ -342,7 +346,18 @@ async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
                     result["watch"] = json!(id);
                     Ok(result)
                 }
-                "file.read" => read(&files, file, params(&request)?, stream, usage, cancel).await,
+                "file.read" => {
+                    read(
+                        &files,
+                        file,
+                        params(&request)?,
+                        stream,
+                        usage,
+                        cancel,
+                        max_result,
+                    )
+                    .await
+                }
                 "file.write" | "file.append" => {
                     let append = method == "file.append";
                     write(file, params(&request)?, append, input, usage).await
@@ -418,6 +433,7 @@ async fn read(
     sink: StreamSink,
     usage: std::sync::Arc<Usage>,
     cancel: CancellationToken,
+    max_result: usize,
 ) -> Result<Value, ErrorBody> {
     let stream = p.stream;
     let op = move || {
@@ -467,7 +483,8 @@ async fn read(
             .min(MAX_INLINE_READ as u64) as usize;
         let data = ops::read_at(&handle, offset, want)?;
         let at_eof = offset + (data.len() as u64) >= size;
-        let (content, used) = fit_inline(&data, p.encoding, at_eof, RESPONSE_BUDGET)
+        let budget = max_result.saturating_sub(RESULT_FIELDS);
+        let (content, used) = fit_inline(&data, p.encoding, at_eof, budget)
             .map_err(|m| FileError::Invalid(format!("{}: {m}", root.virtual_path(&file.path))))?;
         usage.add_out(used);
         result["content"] = Value::String(content);

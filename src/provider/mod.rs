@@ -136,7 +136,13 @@ pub struct Call {
     pub start_entry: StartEntry,
     /// The session the request came from, as audit entries name it.
     pub origin: Arc<Origin>,
+    /// Bytes of JSON a result may take: the gateway's `max_frame` less
+    /// room for the response around it (a result goes in parts, §3).
+    pub max_result: usize,
 }
+
+/// Room a response's frame takes around its result (type, id, fields).
+pub const RESPONSE_ROOM: usize = 1024;
 
 /// The session a call came from, as its audit entries name it; for
 /// entries a provider writes beside the request's own (each connection a

@@ -35,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::egress::{CommandLink, Egress, EgressProxy};
-use crate::files::{Encoding, RESPONSE_BUDGET, fit_inline};
+use crate::files::{Encoding, fit_inline};
 use crate::provider::{
     Call, Gauge, Method, Provider, Reply, StartEntry, no_input, params as provider_params,
 };
@@ -235,7 +235,9 @@ async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
     let mut running = shell
         .spawn(link, &terms, &p.command, io, start_entry)
         .await?;
-    let cap = terms.output_limit.min(OUTPUT_CAP as u64) as usize;
+    // Both streams' text fits the result (each half of it).
+    let budget = call.max_result / 2;
+    let cap = terms.output_limit.min(budget as u64) as usize;
     let stdout = tokio::spawn(read_capped(running.child.stdout.take(), cap));
     let stderr = tokio::spawn(read_capped(running.child.stderr.take(), cap));
     if let (Some(text), Some(mut stdin)) = (p.stdin, running.child.stdin.take()) {
@@ -263,7 +265,7 @@ async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
         Encoding::Base64 => "base64",
     });
     for (name, captured) in [("stdout", out), ("stderr", err)] {
-        let (text, used) = inline(&captured.data, p.encoding);
+        let (text, used) = inline(&captured.data, p.encoding, budget);
         result[name] = Value::String(text);
         result[format!("{name}_bytes")] = json!(captured.total);
         result[format!("{name}_truncated")] = json!((used as u64) < captured.total);
@@ -685,10 +687,6 @@ pub(crate) enum Outcome {
     Stopped,
 }
 
-/// Bytes of each stream kept for the response; the rest is counted and
-/// dropped (`shell.start` streams any amount).
-const OUTPUT_CAP: usize = 24 * 1024;
-
 /// One output stream's kept bytes and its total length.
 #[derive(Default)]
 struct Captured {
@@ -714,8 +712,7 @@ async fn read_capped(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> Capt
 
 /// Output as it goes in the response: lossy UTF-8 or base64, cut to half
 /// a record each. Returns the text and the bytes of output it holds.
-fn inline(data: &[u8], encoding: Encoding) -> (String, usize) {
-    let budget = RESPONSE_BUDGET / 2 - 1024;
+fn inline(data: &[u8], encoding: Encoding, budget: usize) -> (String, usize) {
     let lossy;
     let bytes = match encoding {
         Encoding::Utf8 => {

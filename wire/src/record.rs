@@ -4,7 +4,13 @@
 //! ```text
 //! 0x01 | JSON frame (UTF-8)
 //! 0x02 | id length (u16 BE) | request id (UTF-8) | channel (u8) | raw bytes
+//! 0x03 | last (u8: 0 more follow, 1 the last) | a part of a frame's JSON
 //! ```
+//!
+//! A frame whose JSON does not fit one record goes as parts (0x03), in
+//! order, the last marked; the receiver joins them ([`Assembler`], bounded
+//! by its limit) and decodes the whole as a frame. Other records may come
+//! between the parts; the parts of only one frame are open at a time.
 //!
 //! Pure: bytes in, typed values out. A record is at most
 //! [`MAX_RECORD_LEN`] bytes, the plaintext that fits one Noise message.
@@ -15,6 +21,10 @@ use crate::frame::{self, Frame, FrameError, RequestId};
 
 pub const KIND_FRAME: u8 = 0x01;
 pub const KIND_CHUNK: u8 = 0x02;
+pub const KIND_PART: u8 = 0x03;
+
+/// The default bound on a frame sent in parts: 16 MiB of JSON.
+pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
 
 /// The largest record: a 65535-byte Noise message less its 16-byte tag.
 pub const MAX_RECORD_LEN: usize = portcullis_crypto::MAX_PLAINTEXT_LEN;
@@ -26,6 +36,14 @@ const CHUNK_FIXED_OVERHEAD: usize = 1 + 2 + 1;
 pub enum Record<'a> {
     Frame(Frame),
     Chunk(Chunk<'a>),
+    Part(Part<'a>),
+}
+
+/// A part of a frame too large for one record (see [`Assembler`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part<'a> {
+    pub last: bool,
+    pub json: &'a [u8],
 }
 
 /// A slice of binary data belonging to one request. Chunks of one request
@@ -67,7 +85,9 @@ pub enum RecordError {
     Empty,
     #[error("record is {len} bytes; at most {MAX_RECORD_LEN} fit one Noise message")]
     TooLarge { len: usize },
-    #[error("unknown record kind 0x{0:02x}: expected 0x01 (frame) or 0x02 (chunk)")]
+    #[error(
+        "unknown record kind 0x{0:02x}: expected 0x01 (frame), 0x02 (chunk) or 0x03 (frame part)"
+    )]
     UnknownKind(u8),
     #[error("chunk header is truncated: {need} bytes needed, {got} present")]
     ChunkTruncated { need: usize, got: usize },
@@ -79,6 +99,10 @@ pub enum RecordError {
         "unknown chunk channel {0}: expected 1 stdout, 2 stderr, 3 stdin, 4 file data or 5 terminal"
     )]
     UnknownChannel(u8),
+    #[error("frame part: the byte after 0x03 must be 0 (more follow) or 1 (the last), not {0}")]
+    PartFlag(u8),
+    #[error("a frame in parts is larger than {limit} bytes, the most this side takes")]
+    PartsTooLarge { limit: usize },
     #[error("{0}")]
     Frame(#[from] FrameError),
 }
@@ -92,6 +116,12 @@ pub fn decode(record: &[u8]) -> Result<Record<'_>, RecordError> {
     match kind {
         KIND_FRAME => Ok(Record::Frame(frame::decode_frame(body)?)),
         KIND_CHUNK => decode_chunk(body).map(Record::Chunk),
+        KIND_PART => match body.split_first() {
+            Some((0, json)) => Ok(Record::Part(Part { last: false, json })),
+            Some((1, json)) => Ok(Record::Part(Part { last: true, json })),
+            Some((&other, _)) => Err(RecordError::PartFlag(other)),
+            None => Err(RecordError::PartFlag(0xff)),
+        },
         other => Err(RecordError::UnknownKind(other)),
     }
 }
@@ -133,6 +163,76 @@ pub fn encode_frame(frame: &Frame, out: &mut Vec<u8>) -> Result<(), RecordError>
         return Err(RecordError::TooLarge { len });
     }
     Ok(())
+}
+
+/// The records that carry `frame`: one frame record when its JSON fits,
+/// else parts ([`KIND_PART`]). Fails if the JSON is larger than `max`.
+pub fn encode_frame_records(frame: &Frame, max: usize) -> Result<Vec<Vec<u8>>, RecordError> {
+    let mut one = Vec::with_capacity(256);
+    one.push(KIND_FRAME);
+    frame::encode_frame_json(frame, &mut one);
+    if one.len() <= MAX_RECORD_LEN {
+        return Ok(vec![one]);
+    }
+    let json = &one[1..];
+    if json.len() > max {
+        return Err(RecordError::PartsTooLarge { limit: max });
+    }
+    let room = MAX_RECORD_LEN - 2;
+    let count = json.len().div_ceil(room);
+    Ok(json
+        .chunks(room)
+        .enumerate()
+        .map(|(i, piece)| {
+            let mut record = Vec::with_capacity(piece.len() + 2);
+            record.push(KIND_PART);
+            record.push(u8::from(i + 1 == count));
+            record.extend_from_slice(piece);
+            record
+        })
+        .collect())
+}
+
+/// Joins the parts of a frame sent in parts, holding at most `limit`
+/// bytes: past it the rest is dropped as it comes, and the last part
+/// reports [`RecordError::PartsTooLarge`].
+#[derive(Debug)]
+pub struct Assembler {
+    json: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl Assembler {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            json: Vec::new(),
+            limit,
+            overflowed: false,
+        }
+    }
+
+    /// Takes a part; after the last, the whole frame's JSON (decode it with
+    /// [`frame::decode_frame`]) or why there is none.
+    pub fn push(&mut self, part: Part<'_>) -> Option<Result<Vec<u8>, RecordError>> {
+        if !self.overflowed {
+            if self.json.len() + part.json.len() > self.limit {
+                self.overflowed = true;
+                self.json = Vec::new();
+            } else {
+                self.json.extend_from_slice(part.json);
+            }
+        }
+        if !part.last {
+            return None;
+        }
+        let overflowed = std::mem::take(&mut self.overflowed);
+        let json = std::mem::take(&mut self.json);
+        Some(match overflowed {
+            true => Err(RecordError::PartsTooLarge { limit: self.limit }),
+            false => Ok(json),
+        })
+    }
 }
 
 /// The most data one chunk record for `request_id` can carry.
@@ -244,6 +344,77 @@ mod tests {
         );
     }
 
+    fn big_response(bytes: usize) -> Frame {
+        Frame::Response(crate::frame::Response::ok(
+            id("big-1"),
+            serde_json::json!({"stdout": "x".repeat(bytes)}),
+        ))
+    }
+
+    /// Joins `records` as a receiver does; the frames it got.
+    fn receive(records: &[Vec<u8>], limit: usize) -> Vec<Result<Frame, RecordError>> {
+        let mut assembler = Assembler::new(limit);
+        let mut frames = Vec::new();
+        for record in records {
+            match decode(record) {
+                Ok(Record::Part(part)) => {
+                    if let Some(joined) = assembler.push(part) {
+                        frames.push(joined.and_then(|json| Ok(frame::decode_frame(&json)?)));
+                    }
+                }
+                Ok(Record::Frame(frame)) => frames.push(Ok(frame)),
+                other => panic!("{other:?}"),
+            }
+        }
+        frames
+    }
+
+    #[test]
+    fn a_frame_larger_than_a_record_goes_in_parts_and_comes_back_whole() {
+        let small = big_response(10);
+        assert_eq!(
+            encode_frame_records(&small, DEFAULT_MAX_FRAME)
+                .unwrap()
+                .len(),
+            1
+        );
+        let big = big_response(5 << 20);
+        let records = encode_frame_records(&big, DEFAULT_MAX_FRAME).unwrap();
+        assert_eq!(records.len(), (5 << 20) / (MAX_RECORD_LEN - 2) + 1);
+        assert!(
+            records
+                .iter()
+                .all(|r| r.len() <= MAX_RECORD_LEN && r[0] == KIND_PART)
+        );
+        let last: Vec<u8> = records.iter().map(|r| r[1]).collect();
+        assert_eq!(last.iter().filter(|&&l| l == 1).count(), 1);
+        assert_eq!(last.last(), Some(&1));
+        let got = receive(&records, DEFAULT_MAX_FRAME);
+        assert_eq!(got, [Ok(big.clone())]);
+        // Beyond the sender's bound it is refused; beyond the receiver's,
+        // dropped as it comes and reported once, at the last part.
+        assert_eq!(
+            encode_frame_records(&big, 1 << 20),
+            Err(RecordError::PartsTooLarge { limit: 1 << 20 })
+        );
+        let mut twice = records.clone();
+        twice.extend(encode_frame_records(&small, DEFAULT_MAX_FRAME).unwrap());
+        let got = receive(&twice, 1 << 20);
+        assert_eq!(
+            got,
+            [
+                Err(RecordError::PartsTooLarge { limit: 1 << 20 }),
+                Ok(small)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_part_s_flag_is_0_or_1() {
+        assert_eq!(decode(&[KIND_PART, 2, b'{']), Err(RecordError::PartFlag(2)));
+        assert_eq!(decode(&[KIND_PART]), Err(RecordError::PartFlag(0xff)));
+    }
+
     #[test]
     fn a_full_chunk_fits_exactly() {
         let rid = id("req-7");
@@ -300,7 +471,7 @@ mod tests {
     #[test]
     fn malformed_records_say_what_is_wrong() {
         assert_eq!(decode(&[]), Err(RecordError::Empty));
-        assert_eq!(decode(&[0x03, 1]), Err(RecordError::UnknownKind(3)));
+        assert_eq!(decode(&[0x04, 1]), Err(RecordError::UnknownKind(4)));
         assert_eq!(
             decode(&[0x02, 0]),
             Err(RecordError::ChunkTruncated { need: 2, got: 1 })

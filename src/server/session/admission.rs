@@ -379,6 +379,7 @@ impl Session {
             parent,
             start_entry: start_entry.clone(),
             origin: self.origin.clone(),
+            max_result: gateway.config.limits.max_frame - crate::provider::RESPONSE_ROOM,
         };
         let (outbox, done, end_reason) =
             (self.outbox.clone(), done.clone(), self.end_reason.clone());

@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::provider::SessionResources;
-use crate::provider::{Nested, Origin, OutputForm, Outbound, Outbox, Requests, Usage};
+use crate::provider::{Nested, Origin, Outbound, Outbox, OutputForm, Requests, Usage};
 use crate::server::peer::Peer;
 use crate::server::state::{Gateway, SessionInfo};
 use portcullis_wire::channel::{ChannelError, RecordSink, RecordSource};
@@ -113,7 +113,8 @@ pub async fn run<R, W>(
     info!(%peer, %principal, session = guard.info.id, "session authenticated");
 
     let (outbox, outbox_rx) = mpsc::channel(OUTBOX_CAPACITY);
-    let writer_task = tokio::spawn(writer::write_loop(writer, outbox_rx));
+    let max_frame = gateway.config.limits.max_frame;
+    let writer_task = tokio::spawn(writer::write_loop(writer, outbox_rx, max_frame));
     let (inbox, inbox_rx) = mpsc::unbounded_channel();
     let to_inbox = inbox.clone();
     let requests = Requests::new(move |nested| to_inbox.send(Inbox::Nested(nested)).is_ok());
@@ -124,6 +125,7 @@ pub async fn run<R, W>(
         client_kind: Some("portcullis".into()),
         client_version: Some(env!("CARGO_PKG_VERSION").into()),
         instance_id: Some(gateway.instance_id.clone()),
+        max_frame: Some(gateway.config.limits.max_frame as u64),
         capabilities: capabilities_json(&policy, &granted),
     };
     let tools = tools_by_name(&policy, &principal, jiff::Timestamp::now());
@@ -140,6 +142,7 @@ pub async fn run<R, W>(
         inputs: HashMap::new(),
         accepted: None,
         output: OutputForm::Frames,
+        parts: record::Assembler::new(gateway.config.limits.max_frame),
         tools,
         granted,
         end_reason: Arc::new(OnceLock::new()),
@@ -183,6 +186,8 @@ struct Session {
     /// How output is sent: `relay.accepted`'s `output` (frames unless it
     /// says `chunks`).
     output: OutputForm,
+    /// A frame arriving in parts (a request larger than one record).
+    parts: record::Assembler,
     granted: Summary,
     /// The tool descriptors the principal was last granted, by name.
     tools: BTreeMap<String, Value>,
@@ -427,7 +432,20 @@ impl Session {
     async fn handle_record(&mut self, plaintext: Vec<u8>, done: &InboxSender, draining: bool) {
         // Chunk data travels on as a slice of the record, not a copy.
         let plaintext = Bytes::from(plaintext);
-        match record::decode(&plaintext) {
+        let joined;
+        let (decoded, json) = match record::decode(&plaintext) {
+            Ok(Record::Part(part)) => match self.parts.push(part) {
+                None => return,
+                Some(Ok(json)) => {
+                    joined = json;
+                    let frame = frame::decode_frame(&joined).map_err(RecordError::from);
+                    (frame.map(Record::Frame), &joined[..])
+                }
+                Some(Err(e)) => (Err(e), &[][..]),
+            },
+            other => (other, plaintext.get(1..).unwrap_or_default()),
+        };
+        match decoded {
             Ok(Record::Frame(Frame::Request(request))) => {
                 self.handle_request(request, done, draining).await
             }
@@ -447,8 +465,8 @@ impl Session {
                 let data = plaintext.slice_ref(chunk.data);
                 self.route_chunk(chunk, data).await
             }
+            Ok(Record::Part(_)) => {}
             Err(e) => {
-                let json = plaintext.get(1..).unwrap_or_default();
                 let salvaged =
                     frame::salvage_request_id(json).filter(|id| !self.in_flight.contains_key(id));
                 let record = AuditRecord {

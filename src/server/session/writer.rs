@@ -11,14 +11,24 @@ use crate::provider::Outbound;
 
 /// Drains the outbox into the socket. Consecutive records are written
 /// together and flushed when the outbox runs dry.
-pub(super) async fn write_loop<W: RecordSink>(mut writer: W, mut outbox: mpsc::Receiver<Outbound>) {
+pub(super) async fn write_loop<W: RecordSink>(
+    mut writer: W,
+    mut outbox: mpsc::Receiver<Outbound>,
+    max_frame: usize,
+) {
     while let Some(item) = outbox.recv().await {
         let sent = match item {
             Outbound::Close { policy, reason } => {
                 let _ = writer.flush().await;
                 return writer.close(policy, &reason).await;
             }
-            Outbound::Frame(frame) => send(&mut writer, encode_frame(frame), &outbox).await,
+            Outbound::Frame(frame) => {
+                let mut sent = true;
+                for record in encode_frame(frame, max_frame) {
+                    sent = sent && send(&mut writer, record, &outbox).await;
+                }
+                sent
+            }
             Outbound::Record(chunk) => send(&mut writer, chunk.into_record(), &outbox).await,
             Outbound::Chunk { id, channel, data } => {
                 let capacity = record::chunk_capacity(&id).max(1);
@@ -49,26 +59,28 @@ async fn send<W: RecordSink>(
     writer.send(record, outbox.is_empty()).await.is_ok()
 }
 
-fn encode_frame(frame: Frame) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(256);
-    if record::encode_frame(&frame, &mut buf).is_ok() {
-        return buf;
-    }
-    // Only a result can be this large; answer with an error instead.
+/// The records of `frame` (in parts when larger than one record); one
+/// larger than `max_frame` becomes an error response instead.
+fn encode_frame(frame: Frame, max_frame: usize) -> Vec<Vec<u8>> {
+    let limit = match record::encode_frame_records(&frame, max_frame) {
+        Ok(records) => return records,
+        Err(_) => max_frame,
+    };
     let id = match &frame {
         Frame::Response(r) => r.id.clone(),
         _ => {
-            return encode_frame(Frame::Event(Event {
+            let event = Frame::Event(Event {
                 event: "relay.error".into(),
-                payload: json!({"message": "an event was too large to send"}),
-            }));
+                payload: json!({"code": "provider_error", "message": "an event was too large to send"}),
+            });
+            return encode_frame(event, max_frame);
         }
     };
     let error = ErrorBody::new(
         ErrorCode::ProviderError,
-        "the result is larger than one record (65519 bytes)",
+        format!("the result is larger than {limit} bytes, the gateway's max_frame"),
     );
-    buf.clear();
+    let mut buf = Vec::new();
     let _ = record::encode_frame(&Frame::Response(Response::err(id, error)), &mut buf);
-    buf
+    vec![buf]
 }
