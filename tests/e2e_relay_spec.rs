@@ -424,3 +424,27 @@ async fn past_max_frame_a_result_is_refused_and_a_request_too() {
     assert_eq!(pong["type"], "pong");
     assert!(!gw.dir.join("workspace/q.txt").exists());
 }
+
+#[tokio::test]
+async fn the_spec_s_file_read_example_is_answered_as_its_example_response() {
+    let (gw, alice) = setup();
+    std::fs::write(gw.dir.join("workspace/README.md"), "# Project\n...").unwrap();
+    let mut client = SpecClient::connect(&gw, &alice).await;
+    // 02-protocol.md, "Request", verbatim.
+    client
+        .send(json!({
+            "type": "request",
+            "id": "req_123",
+            "method": "file.read",
+            "params": {"root_id": "main", "path": "README.md", "encoding": "utf-8"},
+            "context": {"session_id": "session_abc", "run_id": "run_def", "tool_call_id": "call_ghi"}
+        }))
+        .await;
+    let response = client.recv().await;
+    // 02-protocol.md, "Response": these fields, these values (portcullis
+    // adds its own beside them).
+    assert_eq!(response["type"], "response");
+    assert_eq!(response["id"], "req_123");
+    assert_eq!(response["result"]["content"], "# Project\n...");
+    assert_eq!(response["result"]["encoding"], "utf-8");
+}

@@ -177,13 +177,45 @@ pub(crate) enum Encoding {
     Base64,
 }
 
+/// An `encoding` parameter of a request whose result names its encoding:
+/// the encoding, and the name to answer with (the caller's own spelling
+/// of UTF-8: the relay spec writes `utf-8`, portcullis `utf8`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AskedEncoding {
+    pub encoding: Encoding,
+    pub name: &'static str,
+}
+
+impl Default for AskedEncoding {
+    fn default() -> Self {
+        Self {
+            encoding: Encoding::Utf8,
+            name: "utf8",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AskedEncoding {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let asked = String::deserialize(d)?;
+        let encoding =
+            Encoding::deserialize(serde::de::value::StrDeserializer::<D::Error>::new(&asked))?;
+        let name = match (asked.as_str(), encoding) {
+            ("utf-8", _) => "utf-8",
+            (_, Encoding::Utf8) => "utf8",
+            (_, Encoding::Base64) => "base64",
+        };
+        Ok(Self { encoding, name })
+    }
+}
+
 #[derive(Deserialize)]
 struct ReadParams {
     #[serde(default)]
     offset: u64,
     length: Option<u64>,
     #[serde(default)]
-    encoding: Encoding,
+    encoding: AskedEncoding,
     #[serde(default)]
     stream: bool,
     /// With `stream`: whether the result carries the SHA-256 of the bytes
@@ -484,14 +516,11 @@ async fn read(
         let data = ops::read_at(&handle, offset, want)?;
         let at_eof = offset + (data.len() as u64) >= size;
         let budget = max_result.saturating_sub(RESULT_FIELDS);
-        let (content, used) = fit_inline(&data, p.encoding, at_eof, budget)
+        let (content, used) = fit_inline(&data, p.encoding.encoding, at_eof, budget)
             .map_err(|m| FileError::Invalid(format!("{}: {m}", root.virtual_path(&file.path))))?;
         usage.add_out(used);
         result["content"] = Value::String(content);
-        result["encoding"] = json!(match p.encoding {
-            Encoding::Utf8 => "utf8",
-            Encoding::Base64 => "base64",
-        });
+        result["encoding"] = json!(p.encoding.name);
         result["length"] = json!(used);
         result["eof"] = json!(offset + used as u64 >= size);
         Ok(result)

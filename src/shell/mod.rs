@@ -35,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::egress::{CommandLink, Egress, EgressProxy};
-use crate::files::{Encoding, fit_inline};
+use crate::files::{AskedEncoding, Encoding, fit_inline};
 use crate::provider::{
     Call, Gauge, Method, Provider, Reply, StartEntry, no_input, params as provider_params,
 };
@@ -208,7 +208,7 @@ struct ExecParams {
     /// Text for the command's standard input (closed after it).
     stdin: Option<String>,
     #[serde(default)]
-    encoding: Encoding,
+    encoding: AskedEncoding,
 }
 
 fn invalid(message: impl Into<String>) -> ErrorBody {
@@ -260,15 +260,21 @@ async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
     if let Some(warning) = &running.sandbox_warning {
         result["sandbox_warning"] = json!(warning);
     }
-    result["encoding"] = json!(match p.encoding {
-        Encoding::Utf8 => "utf8",
-        Encoding::Base64 => "base64",
-    });
+    result["encoding"] = json!(p.encoding.name);
     for (name, captured) in [("stdout", out), ("stderr", err)] {
-        let (text, used) = inline(&captured.data, p.encoding, budget);
+        let (text, used) = inline(&captured.data, p.encoding.encoding, budget);
         result[name] = Value::String(text);
         result[format!("{name}_bytes")] = json!(captured.total);
         result[format!("{name}_truncated")] = json!((used as u64) < captured.total);
+    }
+    if let Outcome::TimedOut = outcome {
+        // The spec's `timeout`, with what the command did before it.
+        let limit = limit.as_millis();
+        return Err(ErrorBody::new(
+            ErrorCode::Timeout,
+            format!("the command was killed at its time limit ({limit} ms)"),
+        )
+        .with_details(result));
     }
     Ok(result)
 }
@@ -296,7 +302,7 @@ fn exit_result(status: &std::process::ExitStatus, outcome: &Outcome, started: In
         "exit_code": status.code(),
         "signal": status.signal().map(signal_name),
         "timed_out": matches!(outcome, Outcome::TimedOut),
-        "duration_ms": started.elapsed().as_secs_f64() * 1e3,
+        "duration_ms": started.elapsed().as_millis() as u64,
     })
 }
 

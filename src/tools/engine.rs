@@ -183,11 +183,19 @@ pub fn to_json(value: &Dynamic) -> Result<Value, ErrorBody> {
     })
 }
 
+/// Levels of arrays and maps a script's value may nest: the frame around
+/// it takes a few more, and a frame nests at most 64 (docs/PROTOCOL.md §4).
+const VALUE_DEPTH: u64 = 56;
+
 /// A script's value as JSON, checked against the size limits once more:
 /// Rhai does not check a map or array grown in place (`m[k] = v`) until it
 /// is passed on, and a returned value is not passed on.
 pub fn result_json(value: &Dynamic, limits: &ScriptLimits) -> Result<Value, ErrorBody> {
-    fn check(value: &Value, limits: &ScriptLimits) -> Result<(), (&'static str, u64)> {
+    fn check(value: &Value, limits: &ScriptLimits, depth: u64) -> Result<(), (&'static str, u64)> {
+        if depth > VALUE_DEPTH {
+            return Err(("nesting", VALUE_DEPTH));
+        }
+        let depth = depth + 1;
         match value {
             Value::String(s) if s.len() as u64 > limits.max_string_size => {
                 Err(("max_string_size", limits.max_string_size))
@@ -196,19 +204,19 @@ pub fn result_json(value: &Dynamic, limits: &ScriptLimits) -> Result<Value, Erro
                 if items.len() as u64 > limits.max_array_len {
                     return Err(("max_array_len", limits.max_array_len));
                 }
-                items.iter().try_for_each(|v| check(v, limits))
+                items.iter().try_for_each(|v| check(v, limits, depth))
             }
             Value::Object(map) => {
                 if map.len() as u64 > limits.max_map_len {
                     return Err(("max_map_len", limits.max_map_len));
                 }
-                map.values().try_for_each(|v| check(v, limits))
+                map.values().try_for_each(|v| check(v, limits, depth))
             }
             _ => Ok(()),
         }
     }
     let json = to_json(value)?;
-    check(&json, limits).map_err(|(name, value)| {
+    check(&json, limits, 0).map_err(|(name, value)| {
         ErrorBody::new(
             ErrorCode::ProviderError,
             format!("the script hit its limit {name} ({value}): its value is too large"),
@@ -321,7 +329,9 @@ pub fn error_body(error: &EvalAltResult, limits: &ScriptLimits) -> ErrorBody {
                 let code = map
                     .get("code")
                     .and_then(|c| c.clone().into_string().ok())
-                    .and_then(|c| serde_json::from_value(Value::String(c)).ok());
+                    .and_then(|c| serde_json::from_value(Value::String(c)).ok())
+                    // A code the protocol does not have is not sent as one.
+                    .filter(|c| *c != ErrorCode::Unrecognized);
                 let message = map.get("message").map(|m| m.to_string());
                 if let (Some(code), Some(message)) = (code, message) {
                     let details = map.get("details").and_then(|d| to_json(d).ok());
@@ -347,6 +357,27 @@ mod tests {
 
     fn run(source: &str, limits: ScriptLimits) -> Result<Value, ErrorBody> {
         run_pure(source, &limits).map(|(value, _)| value)
+    }
+
+    #[test]
+    fn a_value_nested_deeper_than_a_frame_may_is_refused() {
+        let deep = |levels: usize| format!("let v = 1; for i in 0..{levels} {{ v = [v]; }} v");
+        assert!(run(&deep(50), ScriptLimits::DEFAULT).is_ok());
+        let e = run(&deep(200), ScriptLimits::DEFAULT).unwrap_err();
+        assert_eq!(e.code, ErrorCode::ProviderError);
+        assert!(e.message.contains("nesting (56)"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_thrown_code_the_protocol_lacks_is_not_sent_as_a_code() {
+        let e = run(r#"throw #{code: "x", message: "m"}"#, ScriptLimits::DEFAULT).unwrap_err();
+        assert_eq!(e.code, ErrorCode::ProviderError);
+        let e = run(
+            r#"throw #{code: "not_found", message: "m"}"#,
+            ScriptLimits::DEFAULT,
+        )
+        .unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (ErrorCode::NotFound, "m"));
     }
 
     fn limit_of(result: Result<Value, ErrorBody>) -> String {

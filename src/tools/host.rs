@@ -182,7 +182,7 @@ impl Host {
             "value": engine::result_json(&evaluated?, &host.limits)?,
             "stats": {
                 "operations": host.watch.operations.load(Ordering::Relaxed),
-                "duration_ms": started.elapsed().as_secs_f64() * 1e3,
+                "duration_ms": started.elapsed().as_millis() as u64,
                 "tool_calls": host.tool_calls.load(Ordering::Relaxed),
                 "bytes_printed": host.printed.load(Ordering::Relaxed),
             },

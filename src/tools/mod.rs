@@ -308,7 +308,7 @@ impl Tools {
             .await??;
         Ok(json!({
             "value": value,
-            "duration_ms": started.elapsed().as_secs_f64() * 1e3,
+            "duration_ms": started.elapsed().as_millis() as u64,
         }))
     }
 
