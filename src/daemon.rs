@@ -53,6 +53,7 @@ impl Daemon {
         tokio::spawn(keeper(
             self.processes.clone(),
             gateway.policy.subscribe(),
+            gateway.paused.subscribe(),
             gateway.shutdown.clone(),
             still_allowed,
         ));

@@ -102,8 +102,17 @@ enum Command {
     /// Run a Rhai script on a gateway (`script run FILE`).
     #[command(subcommand)]
     Script(cli::tools::ScriptCommand),
-    /// Emergency stop: refuse every request until `resume` (survives restarts).
-    Pause(cli::admin::Socket),
+    /// Emergency stop: close every session, fail its requests, kill running
+    /// commands (but those whose grant says `survive_revocation`), refuse
+    /// new sessions until `resume` (survives restarts). `--soft`: refuse new
+    /// requests only.
+    Pause {
+        /// Refuse new requests only; sessions and running work go on.
+        #[arg(long)]
+        soft: bool,
+        #[command(flatten)]
+        socket: cli::admin::Socket,
+    },
     /// Undo `pause`.
     Resume(cli::admin::Socket),
     /// Connect to a gateway and print its hello.
@@ -342,8 +351,8 @@ fn main() -> ExitCode {
         } => cli::admin::decide_approval(&socket, id, false),
         Command::Tool(command) => cli::tools::tool(command),
         Command::Script(command) => cli::tools::script(command),
-        Command::Pause(socket) => cli::admin::pause(&socket, true),
-        Command::Resume(socket) => cli::admin::pause(&socket, false),
+        Command::Pause { soft, socket } => cli::admin::pause(&socket, Some(soft)),
+        Command::Resume(socket) => cli::admin::pause(&socket, None),
         Command::Ping { target, count } => cli::connect::ping(target, count),
         Command::Cat(args) => cli::files::cat(args),
         Command::Get(args) => cli::files::get(args),

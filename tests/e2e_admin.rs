@@ -124,13 +124,13 @@ async fn reload_through_the_admin_socket() {
 }
 
 #[tokio::test]
-async fn pause_refuses_everything_and_survives_a_restart() {
+async fn a_soft_pause_refuses_new_requests_and_survives_a_restart() {
     let alice = StaticKeypair::generate().unwrap();
     let mut gw = Gateway::start(&policy(&alice, true), "");
     let client = gw.connect(&alice).await.unwrap();
     client.accept_all().await.unwrap();
 
-    assert!(gw.cli(&["pause"]).status.success());
+    assert!(gw.cli(&["pause", "--soft"]).status.success());
     assert_eq!(
         next_event_name(&client).await.as_deref(),
         Some("provider.paused")
@@ -296,7 +296,7 @@ async fn a_full_event_queue_reports_what_it_lost_in_place() {
     let client = Client::connect(options).await.unwrap();
     client.accept_all().await.unwrap();
     for _ in 0..5 {
-        assert!(gw.cli(&["pause"]).status.success());
+        assert!(gw.cli(&["pause", "--soft"]).status.success());
         assert!(gw.cli(&["resume"]).status.success());
     }
     // Ten events sent, none read: a request is still answered.

@@ -106,7 +106,7 @@ async fn a_pause_refuses_a_running_script_s_requests_as_it_refuses_direct_ones()
     let ran = client.request("script.run", json!({"source": script}));
     let operator = async {
         wait_for_nested(&gw, 20).await;
-        assert!(gw.cli(&["pause"]).status.success());
+        assert!(gw.cli(&["pause", "--soft"]).status.success());
         let direct = client
             .request("shell.exec", json!({"command": ["true"]}))
             .await;

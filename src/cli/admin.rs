@@ -92,10 +92,11 @@ pub fn status(socket: &Socket) -> ExitCode {
                 .as_str()
                 .map(|g| &g[..g.len().min(12)])
                 .unwrap_or("?"),
-            if b["paused"] == true {
-                "PAUSED"
-            } else {
-                "running"
+            match b["pause"].as_str() {
+                Some("stop") => "STOPPED (emergency stop)",
+                Some("soft") => "PAUSED (soft: new requests refused)",
+                _ if b["paused"] == true => "PAUSED",
+                _ => "running",
             }
         )
     })
@@ -150,14 +151,21 @@ pub fn reload(socket: &Socket) -> ExitCode {
     })
 }
 
-pub fn pause(socket: &Socket, pause: bool) -> ExitCode {
-    let path = if pause { "/v1/pause" } else { "/v1/resume" };
-    call(socket, Method::POST, path, move |_| {
-        if pause {
-            "paused: nothing executes until `portcullis resume`".into()
-        } else {
-            "resumed".into()
-        }
+/// `pause` (`Some(soft)`) or `resume` (`None`).
+pub fn pause(socket: &Socket, pause: Option<bool>) -> ExitCode {
+    let path = match pause {
+        Some(false) => "/v1/pause",
+        Some(true) => "/v1/pause?soft",
+        None => "/v1/resume",
+    };
+    call(socket, Method::POST, path, move |_| match pause {
+        Some(false) => "stopped: sessions closed, their requests failed, commands killed; \
+                            new sessions are refused until `portcullis resume`"
+            .into(),
+        Some(true) => "paused (soft): new requests are refused until `portcullis resume`; \
+                           sessions and running work go on"
+            .into(),
+        None => "resumed".into(),
     })
 }
 

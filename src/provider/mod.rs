@@ -244,6 +244,29 @@ impl Usage {
     }
 }
 
+/// The operator's pause (`portcullis pause`). `Stop` is the emergency
+/// stop, a revocation of everything: sessions closed, requests failed,
+/// commands and processes killed (but those whose grant says
+/// `survive_revocation`), new sessions refused. `Soft` only refuses new
+/// requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Pause {
+    #[default]
+    Off,
+    Soft,
+    Stop,
+}
+
+impl Pause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Soft => "soft",
+            Self::Stop => "stop",
+        }
+    }
+}
+
 /// How a session takes output (stdout, stderr, a terminal's): as the
 /// spec's `stream` frames, or as binary chunks when `relay.accepted`
 /// asked for them (`"output": "chunks"`).

@@ -5,12 +5,12 @@
 //!
 //! | method | path | does |
 //! |---|---|---|
-//! | GET | /v1/status | instance, version, policy generation, paused, session count, whether the audit log writes |
+//! | GET | /v1/status | instance, version, policy generation, paused and how (`pause`: off, soft, stop), session count, whether the audit log writes |
 //! | GET | /v1/metrics | Prometheus text metrics (`server/metrics.rs`) |
 //! | GET | /v1/sessions | the live sessions |
 //! | DELETE | /v1/sessions/ID | closes one session |
 //! | POST | /v1/policy/reload | reloads the policy file (an invalid one is kept out) |
-//! | POST | /v1/pause, /v1/resume | the emergency stop (persists across restarts) |
+//! | POST | /v1/pause[?soft], /v1/resume | the emergency stop (or with `soft`, refuse new requests only); persists across restarts |
 //! | GET | /v1/audit?FILTERS | audit entries, newest first (see `audit_filter`) |
 //! | GET | /v1/audit/verify[?kept=SEQ:HEAD] | recompute the hash chain (and check a checkpoint kept elsewhere) |
 //! | GET | /v1/audit/checkpoint | the newest signed checkpoint |
@@ -42,6 +42,7 @@ use serde_json::{Value, json};
 use tokio::net::UnixListener;
 use tracing::{info, warn};
 
+use crate::provider::Pause;
 use crate::server::Gateway;
 use portcullis_store::Health;
 
@@ -131,7 +132,8 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
                     "version": env!("CARGO_PKG_VERSION"),
                     "provider_id": gateway.config.provider_id,
                     "policy_generation": policy.generation,
-                    "paused": *gateway.paused.borrow(),
+                    "paused": *gateway.paused.borrow() != Pause::Off,
+                    "pause": gateway.paused.borrow().as_str(),
                     "sessions": gateway.sessions.count(),
                     "audit": match gateway.audit.health() {
                         Health::Writing => json!({"writing": true}),
@@ -214,15 +216,22 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
             }
         },
         (&Method::POST, "/v1/pause" | "/v1/resume") => {
-            let pause = path == "/v1/pause";
+            let soft = request
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|p| p == "soft"));
+            let pause = match (path == "/v1/pause", soft) {
+                (false, _) => Pause::Off,
+                (true, true) => Pause::Soft,
+                (true, false) => Pause::Stop,
+            };
             match gateway.set_paused(pause) {
                 Ok(()) => {
-                    info!(
-                        uid = peer_uid,
-                        "gateway {}",
-                        if pause { "paused" } else { "resumed" }
-                    );
-                    reply(StatusCode::OK, json!({ "paused": pause }))
+                    info!(uid = peer_uid, "pause: {}", pause.as_str());
+                    reply(
+                        StatusCode::OK,
+                        json!({ "paused": pause != Pause::Off, "pause": pause.as_str() }),
+                    )
                 }
                 Err(e) => reply(
                     StatusCode::INTERNAL_SERVER_ERROR,

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use portcullis_store::{AuditLog, Kind, Record};
 
 use crate::config::Config;
-use crate::provider::Providers;
+use crate::provider::{Pause, Providers};
 use crate::server::approvals::Approvals;
 use crate::server::peer::Peer;
 
@@ -25,7 +25,7 @@ pub struct Gateway {
     /// New at every start: handles from an earlier instance are gone.
     pub instance_id: String,
     pub policy: watch::Sender<Arc<Policy>>,
-    pub paused: watch::Sender<bool>,
+    pub paused: watch::Sender<Pause>,
     pub sessions: Sessions,
     /// Cancelled on SIGTERM: stop accepting, drain, close.
     pub shutdown: CancellationToken,
@@ -51,7 +51,13 @@ impl Gateway {
         providers: Providers,
         instance_id: String,
     ) -> Self {
-        let paused = config.state_dir.join("paused").exists();
+        // The marker holds `soft` for a soft pause; anything else (an
+        // older daemon's marker too) is the emergency stop.
+        let paused = match std::fs::read_to_string(config.state_dir.join("paused")) {
+            Ok(text) if text.trim() == "soft" => Pause::Soft,
+            Ok(_) => Pause::Stop,
+            Err(_) => Pause::Off,
+        };
         let connections = Arc::new(Semaphore::new(config.limits.max_connections));
         Self {
             config,
@@ -121,17 +127,41 @@ impl Gateway {
         });
     }
 
-    /// The emergency stop. Persisted as a file in the state directory so it
-    /// survives a restart until resumed.
-    pub fn set_paused(&self, paused: bool) -> std::io::Result<()> {
+    /// The operator's pause ([`Pause`]). Persisted as a file in the state
+    /// directory so it survives a restart until resumed; audited.
+    pub fn set_paused(&self, pause: Pause) -> std::io::Result<()> {
         let marker = self.config.state_dir.join("paused");
-        if paused {
+        if pause == Pause::Off {
+            if marker.exists() {
+                std::fs::remove_file(&marker)?;
+            }
+        } else {
             std::fs::create_dir_all(&self.config.state_dir)?;
-            std::fs::write(&marker, b"paused by the operator\n")?;
-        } else if marker.exists() {
-            std::fs::remove_file(&marker)?;
+            std::fs::write(&marker, format!("{}\n", pause.as_str()))?;
         }
-        self.paused.send_replace(paused);
+        let before = self.paused.send_replace(pause);
+        let (event, detail) = match pause {
+            Pause::Off => (
+                "resumed",
+                format!(
+                    "the operator resumed the gateway (was: {})",
+                    before.as_str()
+                ),
+            ),
+            Pause::Soft => (
+                "paused",
+                "soft pause: new requests are refused; sessions and running work go on".to_string(),
+            ),
+            Pause::Stop => (
+                "paused",
+                format!(
+                    "emergency stop: {} sessions closed, their requests failed, commands killed (but those \
+                     whose grant says survive_revocation); new sessions refused",
+                    self.sessions.count()
+                ),
+            ),
+        };
+        self.security_event(event, None, detail);
         Ok(())
     }
 }

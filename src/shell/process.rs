@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::provider::EventSink;
 use crate::provider::output::{OutputFrame, TextOutput};
-use crate::provider::{OutputForm, SessionGone, StreamSink};
+use crate::provider::{OutputForm, Pause, SessionGone, StreamSink};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use portcullis_wire::record::Channel;
 
@@ -636,11 +636,13 @@ const KEEPER_TICK: Duration = Duration::from_secs(1);
 pub type StillAllowed = Arc<dyn Fn(&Policy, &str, &Request, jiff::Timestamp) -> bool + Send + Sync>;
 
 /// The task that ends processes the policy no longer allows (on every
-/// policy change, and every second for expiries), ends or forgets idle
-/// ones, and stops every process when `shutdown` fires.
+/// policy change, and every second for expiries) and every one at the
+/// emergency stop (but those whose grant says `survive_revocation`), ends
+/// or forgets idle ones, and stops every process when `shutdown` fires.
 pub async fn keeper(
     processes: Processes,
     mut policy: watch::Receiver<Arc<Policy>>,
+    mut paused: watch::Receiver<Pause>,
     shutdown: CancellationToken,
     still_allowed: StillAllowed,
 ) {
@@ -649,6 +651,7 @@ pub async fn keeper(
         tokio::select! {
             _ = tick.tick() => {}
             Ok(()) = policy.changed() => {}
+            Ok(()) = paused.changed() => {}
             () = shutdown.cancelled() => {
                 for process in processes.all() {
                     process.stop(StopReason::Shutdown);
@@ -657,9 +660,12 @@ pub async fn keeper(
             }
         }
         let current = policy.borrow_and_update().clone();
+        // The emergency stop revokes everything.
+        let stopped = *paused.borrow_and_update() == Pause::Stop;
         let (now, instant) = (jiff::Timestamp::now(), Instant::now());
         for process in processes.all() {
-            let revoked = || !still_allowed(&current, &process.owner, &process.request, now);
+            let revoked =
+                || stopped || !still_allowed(&current, &process.owner, &process.request, now);
             if process.running() && !process.survive_revocation && revoked() {
                 tracing::info!(process = %process.id, principal = %process.owner, "process revoked by the policy");
                 process.stop(StopReason::Revoked);

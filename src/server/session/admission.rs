@@ -27,7 +27,7 @@ use tracing::error;
 
 use super::{INPUT_QUEUE, InFlight, Inbox, InboxSender, InputRoute, Session};
 use crate::provider::{
-    Answer, Call, Method, Nested, Outbound, Providers, StartEntry, StreamSink, Usage,
+    Answer, Call, Method, Nested, Outbound, Pause, Providers, StartEntry, StreamSink, Usage,
 };
 use crate::server::Gateway;
 use crate::server::approvals::{Ask, record_outcome};
@@ -190,7 +190,7 @@ impl Session {
                 &format!("too many requests in flight (limit {limit}); wait for answers"),
             );
         }
-        if *self.gateway.paused.borrow() {
+        if *self.gateway.paused.borrow() != Pause::Off {
             record.decision = Some(AuditDecision::Blocked);
             record.rule = Some("the gateway is paused".into());
             return refuse(

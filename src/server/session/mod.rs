@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::provider::SessionResources;
-use crate::provider::{Nested, Origin, Outbound, Outbox, OutputForm, Requests, Usage};
+use crate::provider::{Nested, Origin, Outbound, Outbox, OutputForm, Pause, Requests, Usage};
 use crate::server::peer::Peer;
 use crate::server::state::{Gateway, SessionInfo};
 use portcullis_wire::channel::{ChannelError, RecordSink, RecordSource};
@@ -61,6 +61,10 @@ enum Inbox {
 }
 
 type InboxSender = mpsc::UnboundedSender<Inbox>;
+
+/// Why a session ends at the emergency stop (its close reason, and its
+/// requests' answer).
+const STOPPED: &str = "the gateway was stopped by its operator";
 
 /// One session over any transport, from its opened channel to its close.
 /// `started` is when the connection began (`relay.accepted` is due within
@@ -89,6 +93,15 @@ pub async fn run<R, W>(
             return writer.close(true, "authentication failed").await;
         }
     };
+    if *gateway.paused.borrow() == Pause::Stop {
+        warn!(%peer, %principal, "refused: the gateway is stopped");
+        gateway.security_event(
+            "session_refused",
+            Some(&principal),
+            format!("peer {peer}: the gateway is stopped by its operator"),
+        );
+        return writer.close(true, STOPPED).await;
+    }
     let granted = summary(&policy, &principal, jiff::Timestamp::now());
     if granted_names(&granted).is_empty() {
         // The same rule that closes a session whose grants were all revoked.
@@ -293,8 +306,12 @@ impl Session {
                     expiry_timer.as_mut().reset(expiry.unwrap_or_else(never));
                 }
                 Ok(()) = paused_rx.changed() => {
-                    let event = if *paused_rx.borrow_and_update() { "provider.paused" } else { "provider.resumed" };
-                    self.event(event, json!({})).await;
+                    let pause = *paused_rx.borrow_and_update();
+                    if pause == Pause::Stop {
+                        break self.end(ErrorCode::PolicyBlocked, STOPPED, true);
+                    }
+                    let event = if pause == Pause::Soft { "provider.paused" } else { "provider.resumed" };
+                    self.event(event, json!({"mode": pause.as_str()})).await;
                 }
                 Ok(()) = audit_rx.changed() => {
                     let health = audit_rx.borrow_and_update().clone();
