@@ -107,6 +107,7 @@ impl SpecClient {
                 ),
             };
             let frame: Value = serde_json::from_slice(&json).unwrap();
+            assert_spec_shape(&frame);
             if frame["type"] == "ping" {
                 self.send(json!({"type": "pong", "id": frame["id"], "ts": frame["ts"]}))
                     .await;
@@ -144,6 +145,61 @@ impl SpecClient {
                 other => panic!("unexpected frame {other:?}: {frame}"),
             }
         }
+    }
+}
+
+/// The error codes 02-protocol.md lists.
+const SPEC_CODES: &[&str] = &[
+    "invalid_request",
+    "unknown_method",
+    "capability_unavailable",
+    "permission_denied",
+    "approval_required",
+    "policy_blocked",
+    "not_found",
+    "timeout",
+    "cancelled",
+    "provider_error",
+    "relay_disconnected",
+    "artifact_error",
+];
+
+/// Every frame the gateway sends has the shape 02-protocol.md gives its
+/// type (fields beyond it are additions a spec client ignores).
+fn assert_spec_shape(frame: &Value) {
+    let string = |field: &str| frame[field].is_string();
+    let ok = match frame["type"].as_str() {
+        Some("hello") => {
+            frame["protocol"] == "ya-environment-relay.v1" && frame["capabilities"].is_object()
+        }
+        Some("event") => string("event") && frame.get("payload").is_some(),
+        Some("request") => string("id") && string("method") && frame["params"].is_object(),
+        Some("response") => {
+            string("id")
+                && match (frame.get("result"), frame.get("error")) {
+                    (Some(_), None) => true,
+                    (None, Some(error)) => {
+                        error["message"].is_string()
+                            && SPEC_CODES.contains(&error["code"].as_str().unwrap_or(""))
+                    }
+                    _ => false,
+                }
+        }
+        Some("stream") => {
+            string("id")
+                && string("event")
+                && (!matches!(frame["event"].as_str(), Some("stdout" | "stderr")) || string("data"))
+        }
+        Some("cancel") => string("id"),
+        Some("ping" | "pong") => true,
+        _ => false,
+    };
+    assert!(ok, "not the spec's shape: {frame}");
+    if frame["type"] == "event" && frame["event"] == "relay.error" {
+        assert!(
+            SPEC_CODES.contains(&frame["payload"]["code"].as_str().unwrap_or("")),
+            "{frame}"
+        );
     }
 }
 

@@ -90,6 +90,8 @@ pub struct RequestContext {
     pub run_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
 }
 
 /// The terminal answer to a request: exactly one of `result` and `error`.
@@ -368,6 +370,7 @@ impl Frame {
                     check_short("context.session_id", context.session_id.as_deref())?;
                     check_short("context.run_id", context.run_id.as_deref())?;
                     check_short("context.tool_call_id", context.tool_call_id.as_deref())?;
+                    check_short("context.workspace_id", context.workspace_id.as_deref())?;
                 }
                 Ok(())
             }

@@ -266,6 +266,7 @@ impl Session {
                 session_id: c.session_id.clone(),
                 run_id: c.run_id.clone(),
                 tool_call_id: c.tool_call_id.clone(),
+                workspace_id: c.workspace_id.clone(),
             }),
             policy_generation: Some(self.gateway.current_policy().generation.clone()),
             ..AuditRecord::default()
