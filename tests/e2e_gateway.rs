@@ -297,6 +297,9 @@ async fn a_reload_that_removes_a_grant_closes_the_session_and_others_hear_of_cha
     assert!(reason.contains("revoked"), "{reason}");
     let event = bob.next_event(5 * SECOND).await.expect("bob heard nothing");
     assert_eq!(event.event, "capability.updated");
+    // The spec's payload, and the whole new set beside it.
+    assert_eq!(event.payload["capability"], "resources", "{}", event.payload);
+    assert_eq!(event.payload["state"], "available", "{}", event.payload);
     assert!(
         event.payload["capabilities"].get("resources").is_some(),
         "{}",

@@ -504,3 +504,41 @@ async fn the_spec_s_file_read_example_is_answered_as_its_example_response() {
     assert_eq!(response["result"]["content"], "# Project\n...");
     assert_eq!(response["result"]["encoding"], "utf-8");
 }
+
+/// The tool descriptor example of 03-environment.md.
+fn spec_tool_descriptor() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/specs/relay-0.74/03-environment.md");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (the spec lives in ../shared)", path.display()));
+    text.split("```json")
+        .skip(1)
+        .filter_map(|block| serde_json::from_str::<Value>(block.split("```").next()?).ok())
+        .find(|value| value.get("input_schema").is_some())
+        .expect("the spec's tool descriptor")
+}
+
+#[tokio::test]
+async fn a_tool_descriptor_has_every_field_of_the_spec_s() {
+    let (gw, alice) = setup();
+    let mut client = SpecClient::connect(&gw, &alice).await;
+    client
+        .send(json!({
+            "type": "event",
+            "event": "relay.accepted",
+            "payload": {"accepted_capabilities": ["tools"]}
+        }))
+        .await;
+    let (_, response) = client
+        .call("list_1", "tool.list", json!({}), |_| false)
+        .await;
+    let response = response.unwrap();
+    let tool = &response["result"]["tools"][0];
+    assert_eq!(tool["name"], "big", "{response}");
+    let spec = spec_tool_descriptor();
+    for field in spec.as_object().unwrap().keys() {
+        assert!(tool.get(field).is_some(), "`{field}` missing: {tool}");
+    }
+    assert_eq!(tool["capability"], "tools");
+    assert_eq!(tool["approval_policy"], "allow");
+}

@@ -778,6 +778,7 @@ pub fn tool_descriptors(
                 "title": tool.title,
                 "description": tool.description,
                 "input_schema": tool.input_schema,
+                "capability": "tools",
                 "risk": tool.risk,
                 "approval_policy": approval,
             });

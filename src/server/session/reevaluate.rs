@@ -46,13 +46,26 @@ impl Session {
             if let Some(accepted) = &mut self.accepted {
                 accepted.retain(|c| names.contains(c));
             }
-            let capabilities = capabilities_json(&policy, &granted);
+            // One event per capability that changed, as the spec writes
+            // it (`{capability, state}`), with the whole new set beside.
+            let (before, after) = (
+                capabilities_json(&policy, &self.granted),
+                capabilities_json(&policy, &granted),
+            );
             self.granted = granted;
-            self.event(
-                "capability.updated",
-                json!({"capabilities": capabilities, "generation": policy.generation}),
-            )
-            .await;
+            let names: std::collections::BTreeSet<&String> =
+                before.keys().chain(after.keys()).collect();
+            for name in names {
+                let state = match (before.get(name), after.get(name)) {
+                    (None, Some(_)) => "available",
+                    (Some(_), None) => "unavailable",
+                    (old, new) if old != new => "changed",
+                    _ => continue,
+                };
+                let payload = json!({"capability": name, "state": state,
+                    "capabilities": after, "generation": policy.generation});
+                self.event("capability.updated", payload).await;
+            }
         }
         None
     }
