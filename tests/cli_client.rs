@@ -56,7 +56,7 @@ fn connect_remembers_the_gateway_key_and_ping_uses_it() {
     );
     assert!(first.status.success(), "{}", text(&first.stderr));
     let hello: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
-    assert_eq!(hello["client_id"], "alice");
+    assert_eq!(hello["principal"], "alice");
     let remembered = std::fs::read_to_string(home.join("portcullis/gateways.toml")).unwrap();
     assert!(remembered.contains(&key), "{remembered}");
 

@@ -100,7 +100,8 @@ async fn hello_is_narrowed_to_the_principals_grants() {
     let alice = gw.connect(&k.alice).await.unwrap();
     let hello = alice.hello();
     assert_eq!(hello.protocol, "ya-environment-relay.v1");
-    assert_eq!(hello.client_id.as_deref(), Some("alice"));
+    assert_eq!(hello.principal.as_deref(), Some("alice"));
+    assert_eq!(hello.client_id, hello.provider_id, "the spec's client is the provider");
     let mut offered = alice.offered();
     offered.sort();
     assert_eq!(offered, ["fileops", "resources"]);
@@ -177,7 +178,7 @@ async fn unknown_keys_tokens_and_disabled_principals_are_refused() {
         );
     }
     let carol = gw.connect_with_token(TOKEN).await.unwrap();
-    assert_eq!(carol.hello().client_id.as_deref(), Some("carol"));
+    assert_eq!(carol.hello().principal.as_deref(), Some("carol"));
     assert!(
         gw.wait_log("authentication refused: unknown token", SECOND)
             .await

@@ -56,6 +56,10 @@ pub struct Hello {
     /// that handles from an earlier instance are gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
+    /// Additive: whom the gateway authenticated (`client_id` is the
+    /// provider's own id, as the spec has it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
     /// Additive: the largest frame (bytes of JSON) this side takes in
     /// parts (record kind 0x03); a larger one is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]

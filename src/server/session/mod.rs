@@ -134,10 +134,12 @@ pub async fn run<R, W>(
     let hello = Hello {
         protocol: PROTOCOL.to_string(),
         provider_id: Some(gateway.config.provider_id.clone()),
-        client_id: Some(principal.clone()),
+        // The spec's relay client is the provider: its id, not the peer's.
+        client_id: Some(gateway.config.provider_id.clone()),
         client_kind: Some("portcullis".into()),
         client_version: Some(env!("CARGO_PKG_VERSION").into()),
         instance_id: Some(gateway.instance_id.clone()),
+        principal: Some(principal.clone()),
         max_frame: Some(gateway.config.limits.max_frame as u64),
         capabilities: capabilities_json(&policy, &granted),
     };
