@@ -101,7 +101,10 @@ async fn hello_is_narrowed_to_the_principals_grants() {
     let hello = alice.hello();
     assert_eq!(hello.protocol, "ya-environment-relay.v1");
     assert_eq!(hello.principal.as_deref(), Some("alice"));
-    assert_eq!(hello.client_id, hello.provider_id, "the spec's client is the provider");
+    assert_eq!(
+        hello.client_id, hello.provider_id,
+        "the spec's client is the provider"
+    );
     let mut offered = alice.offered();
     offered.sort();
     assert_eq!(offered, ["fileops", "resources"]);
@@ -299,7 +302,11 @@ async fn a_reload_that_removes_a_grant_closes_the_session_and_others_hear_of_cha
     let event = bob.next_event(5 * SECOND).await.expect("bob heard nothing");
     assert_eq!(event.event, "capability.updated");
     // The spec's payload, and the whole new set beside it.
-    assert_eq!(event.payload["capability"], "resources", "{}", event.payload);
+    assert_eq!(
+        event.payload["capability"], "resources",
+        "{}",
+        event.payload
+    );
     assert_eq!(event.payload["state"], "available", "{}", event.payload);
     assert!(
         event.payload["capabilities"].get("resources").is_some(),

@@ -503,6 +503,54 @@ async fn the_spec_s_file_read_example_is_answered_as_its_example_response() {
     assert_eq!(response["id"], "req_123");
     assert_eq!(response["result"]["content"], "# Project\n...");
     assert_eq!(response["result"]["encoding"], "utf-8");
+
+    // Its audit entry carries the spec's RelayAuditEntry fields by their
+    // names (04-security-and-policy.md), and the log is queried by them.
+    let list = |filter: &[&str]| -> Vec<Value> {
+        let mut args = vec!["audit", "list", "--json"];
+        args.extend_from_slice(filter);
+        let out = gw.cli_config(&args);
+        assert!(out.status.success(), "{out:?}");
+        // One entry per line.
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let entries = list(&["--run", "run_def"]);
+    let entry = entries
+        .iter()
+        .find(|e| e["kind"] == "request")
+        .expect("the request's entry");
+    let provider = client.hello["provider_id"].clone();
+    let expected = json!({
+        "id": "req_123",
+        "connection_id": "relay_conn_123",
+        "client_id": provider,
+        "method": "file.read",
+        "session_id": "session_abc",
+        "run_id": "run_def",
+        "tool_call_id": "call_ghi",
+        "capability": "fileops",
+        "policy_decision": "allowed",
+        "status": "succeeded",
+    });
+    for (field, value) in expected.as_object().unwrap() {
+        assert_eq!(&entry[field], value, "{field}: {entry}");
+    }
+    assert!(entry["started_at"].is_string() && entry["completed_at"].is_string());
+    for filter in [
+        ["--session", "session_abc"],
+        ["--tool-call", "call_ghi"],
+        ["--connection", "relay_conn_123"],
+    ] {
+        let found = list(&filter);
+        assert!(
+            found.iter().any(|e| e["id"] == "req_123"),
+            "{filter:?}: {found:?}"
+        );
+    }
+    assert!(list(&["--run", "another_run"]).is_empty());
 }
 
 /// The tool descriptor example of 03-environment.md.

@@ -44,6 +44,19 @@ pub struct ListArgs {
     /// after the request's start entry and before its answer).
     #[arg(long)]
     pub status: Option<String>,
+    /// Only the requests of this run (`context.run_id`).
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Only the requests of this agent session (`context.session_id`).
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Only the requests of this tool call (`context.tool_call_id`).
+    #[arg(long)]
+    pub tool_call: Option<String>,
+    /// Only this relay connection: its `connection_id` (the runtime's, from
+    /// `relay.accepted`) or the gateway's session number.
+    #[arg(long)]
+    pub connection: Option<String>,
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
 }
@@ -135,6 +148,10 @@ pub fn list(source: Source, args: ListArgs) -> ExitCode {
             method: args.method.clone(),
             decision: named("decision", &args.decision)?,
             status: named("status", &args.status)?,
+            run: args.run.clone(),
+            session: args.session.clone(),
+            tool_call: args.tool_call.clone(),
+            connection: args.connection.clone(),
             limit: args.limit,
         };
         match backend(&source, &rt)? {
@@ -152,6 +169,10 @@ pub fn list(source: Source, args: ListArgs) -> ExitCode {
                 add("method", filter.method.clone());
                 add("decision", args.decision.clone());
                 add("status", args.status.clone());
+                add("run", filter.run.clone());
+                add("session", filter.session.clone());
+                add("tool_call", filter.tool_call.clone());
+                add("connection", filter.connection.clone());
                 let body = daemon(&rt, &socket, &format!("/v1/audit?{}", query.join("&")))?;
                 serde_json::from_value(body["entries"].clone()).map_err(|e| e.to_string())
             }

@@ -408,6 +408,10 @@ pub fn audit_filter(query: &str) -> Result<portcullis_store::Filter, FilterError
             "method" => filter.method = Some(value),
             "decision" => filter.decision = Some(named(key, &value)?),
             "status" => filter.status = Some(named(key, &value)?),
+            "run" => filter.run = Some(value),
+            "session" => filter.session = Some(value),
+            "tool_call" => filter.tool_call = Some(value),
+            "connection" => filter.connection = Some(value),
             "limit" => filter.limit = value.parse().map_err(|_| FilterError::Limit)?,
             other => return Err(FilterError::UnknownFilter(other.to_string())),
         }

@@ -269,6 +269,14 @@ impl Session {
                 workspace_id: c.workspace_id.clone(),
             }),
             policy_generation: Some(self.gateway.current_policy().generation.clone()),
+            connection_id: Some(
+                self.relay_connection
+                    .clone()
+                    .unwrap_or_else(|| self.info.id.to_string()),
+            ),
+            client_id: Some(self.gateway.config.provider_id.clone()),
+            capability: portcullis_policy::capability_of(&request.method)
+                .map(|c| c.as_str().to_string()),
             ..AuditRecord::default()
         }
     }

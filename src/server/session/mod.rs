@@ -158,6 +158,7 @@ pub async fn run<R, W>(
         accepted: None,
         output: OutputForm::Frames,
         parts: record::Assembler::new(gateway.config.limits.max_frame),
+        relay_connection: None,
         tools,
         granted,
         end_reason: Arc::new(OnceLock::new()),
@@ -203,6 +204,9 @@ struct Session {
     output: OutputForm,
     /// A frame arriving in parts (a request larger than one record).
     parts: record::Assembler,
+    /// The runtime's id for this connection (`relay.accepted`'s
+    /// `connection_id`), for audit entries.
+    relay_connection: Option<String>,
     granted: Summary,
     /// The tool descriptors the principal was last granted, by name.
     tools: BTreeMap<String, Value>,
@@ -571,6 +575,26 @@ impl Session {
                 OutputForm::Frames
             }
         };
+        // The runtime's names for this connection and its clock: kept for
+        // the audit log, and a skew worth knowing about is logged.
+        self.relay_connection = payload
+            .get("connection_id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty() && id.len() <= 256 && !id.chars().any(char::is_control))
+            .map(str::to_string);
+        if let Some(time) = payload
+            .get("server_time")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        {
+            let skew = jiff::Timestamp::now().duration_since(time).as_secs().abs();
+            if skew > 300 {
+                warn!(
+                    session = self.info.id,
+                    "the runtime's clock differs from this host's by {skew} s"
+                );
+            }
+        }
         let offered = granted_names(&self.granted);
         let accepted = names
             .iter()

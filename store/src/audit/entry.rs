@@ -129,6 +129,75 @@ pub struct Record {
     /// with the earlier approval's author).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_by: Option<String>,
+
+    // The relay spec's `RelayAuditEntry` by its names (04-security-and-
+    // policy.md), on request entries: `method`, `capability`,
+    // `started_at`, `completed_at` and `status` above are already its;
+    // these complete it. Entries written before them have none.
+    /// The request's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The relay connection: the runtime's id for it (`relay.accepted`'s
+    /// `connection_id`), else the gateway's session number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_id: Option<String>,
+    /// The relay client, which is the provider: the gateway's `provider_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_decision: Option<Decision>,
+}
+
+impl Record {
+    /// A request entry with the spec's fields filled from portcullis's own
+    /// (the id, the context's ids at the top, the decision, a capability
+    /// even for a method none serves: its namespace). Other kinds as they
+    /// are.
+    pub fn with_spec_names(mut self) -> Self {
+        if !matches!(self.kind, Kind::Request | Kind::RequestStart) {
+            return self;
+        }
+        self.id = self.id.or_else(|| self.request_id.clone());
+        self.policy_decision = self.policy_decision.or(self.decision);
+        if let Some(context) = &self.context {
+            self.session_id = self.session_id.or_else(|| context.session_id.clone());
+            self.run_id = self.run_id.or_else(|| context.run_id.clone());
+            self.tool_call_id = self.tool_call_id.or_else(|| context.tool_call_id.clone());
+        }
+        if self.capability.is_none() {
+            self.capability = self
+                .method
+                .as_deref()
+                .map(|m| m.split('.').next().unwrap_or(m).to_string());
+        }
+        self
+    }
+
+    /// The request's run, session and tool call: the spec's top-level
+    /// fields, or the context of an entry written before them.
+    pub fn run(&self) -> Option<&str> {
+        self.run_id
+            .as_deref()
+            .or(self.context.as_ref()?.run_id.as_deref())
+    }
+
+    pub fn session(&self) -> Option<&str> {
+        self.session_id
+            .as_deref()
+            .or(self.context.as_ref()?.session_id.as_deref())
+    }
+
+    pub fn tool_call(&self) -> Option<&str> {
+        self.tool_call_id
+            .as_deref()
+            .or(self.context.as_ref()?.tool_call_id.as_deref())
+    }
 }
 
 /// A stored entry: the record, its place in the chain, and its hash.
@@ -176,4 +245,28 @@ pub(super) fn decode(key: &[u8], value: &[u8]) -> Result<Entry, StoreError> {
         seq: key_seq(key),
         message: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An entry as a gateway wrote it before the spec's names were added
+    /// (the bytes as stored): it decodes, and re-serializing its record
+    /// gives the same bytes and hash, so it still verifies.
+    #[test]
+    fn an_entry_written_before_the_spec_s_names_still_hashes_the_same() {
+        let stored = br#"{"seq":7,"prev":"00","kind":"request","started_at":"2026-11-20T10:00:00Z","completed_at":"2026-11-20T10:00:01Z","connection":3,"principal":"alice","request_id":"r1","method":"file.read","context":{"run_id":"run_1"},"decision":"allowed","status":"succeeded","bytes_in":0,"bytes_out":0,"hash":"5db6c2db41f7913b0c04fea41b9775d02e9811f5ff79d1f9a47435b1ca60c328"}"#;
+        let entry = decode(&7u64.to_be_bytes(), stored).unwrap();
+        let (hash, again) = stored_entry(entry.seq, &entry.prev, &entry.record);
+        assert_eq!(hash, entry.hash);
+        assert_eq!(again, stored);
+        assert_eq!(entry.record.run(), Some("run_1"));
+        // Written now, the same request carries the spec's names too.
+        let now = entry.record.with_spec_names();
+        assert_eq!(now.id.as_deref(), Some("r1"));
+        assert_eq!(now.run_id.as_deref(), Some("run_1"));
+        assert_eq!(now.policy_decision, Some(Decision::Allowed));
+        assert_eq!(now.capability.as_deref(), Some("file"));
+    }
 }

@@ -398,7 +398,7 @@ impl AuditLog {
     pub fn submit(&self, record: Record) -> Result<Submitted, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(Job::Append(Box::new(record), reply))
+            .send(Job::Append(Box::new(record.with_spec_names()), reply))
             .map_err(|_| StoreError::WriterGone)?;
         Ok(Submitted(answer))
     }

@@ -177,6 +177,11 @@ pub struct Filter {
     pub method: Option<String>,
     pub decision: Option<Decision>,
     pub status: Option<Status>,
+    /// The spec's run, session and tool call ids, and the relay connection.
+    pub run: Option<String>,
+    pub session: Option<String>,
+    pub tool_call: Option<String>,
+    pub connection: Option<String>,
     pub limit: usize,
 }
 
@@ -189,6 +194,10 @@ impl Default for Filter {
             method: None,
             decision: None,
             status: None,
+            run: None,
+            session: None,
+            tool_call: None,
+            connection: None,
             limit: 100,
         }
     }
@@ -217,6 +226,19 @@ impl Filter {
             && method.is_none_or(|m| r.method.as_ref().is_some_and(|name| m.is_match(name)))
             && self.decision.is_none_or(|d| r.decision == Some(d))
             && self.status.is_none_or(|s| r.status == Some(s))
+            && self.run.as_deref().is_none_or(|run| r.run() == Some(run))
+            && self
+                .session
+                .as_deref()
+                .is_none_or(|s| r.session() == Some(s))
+            && self
+                .tool_call
+                .as_deref()
+                .is_none_or(|t| r.tool_call() == Some(t))
+            && self.connection.as_deref().is_none_or(|c| {
+                r.connection_id.as_deref() == Some(c)
+                    || r.connection.is_some_and(|n| n.to_string() == c)
+            })
     }
 }
 
