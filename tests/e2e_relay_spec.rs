@@ -590,3 +590,25 @@ async fn a_tool_descriptor_has_every_field_of_the_spec_s() {
     assert_eq!(tool["capability"], "tools");
     assert_eq!(tool["approval_policy"], "allow");
 }
+
+#[tokio::test]
+async fn a_process_reports_its_state_and_a_time_limit_is_the_timeout_code() {
+    let (gw, alice) = setup();
+    let mut client = SpecClient::connect(&gw, &alice).await;
+    let params = json!({"command": ["sh", "-c", "printf 'a\\n'; sleep 30"], "timeout_ms": 400});
+    let (frames, response) = client
+        .call("req_limit", "shell.start", params, |_| false)
+        .await;
+    let states: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f["event"] == "status")
+        .map(|f| &f["data"]["state"])
+        .collect();
+    assert_eq!(states, [&json!("running"), &json!("exited")], "{frames:?}");
+    let exited = frames.iter().rfind(|f| f["event"] == "status").unwrap();
+    assert_eq!(exited["data"]["ended_by"], "timeout", "{exited}");
+    let error = &response.unwrap()["error"];
+    assert_eq!(error["code"], "timeout", "{error}");
+    assert_eq!(error["details"]["ended_by"], "timeout");
+    assert_eq!(error["details"]["signal"], "SIGKILL");
+}

@@ -496,6 +496,7 @@ async fn collect(mut handle: portcullis_client::RequestHandle<'_>) -> Streamed {
             StreamItem::Stream { event, data } if event == "started" => {
                 streamed.process_id = data["process_id"].as_str().unwrap().to_string();
             }
+            StreamItem::Stream { event, .. } if event == "status" => {}
             StreamItem::Chunk {
                 channel: Channel::Stdout,
                 data,

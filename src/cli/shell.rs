@@ -18,6 +18,7 @@ use std::process::ExitCode;
 
 use base64::Engine as _;
 use portcullis_client::{Client, ClientError, StreamItem};
+use portcullis_wire::frame::ErrorCode;
 use portcullis_wire::record::Channel;
 use serde_json::{Map, Value, json};
 use tokio::signal::unix::{SignalKind, signal};
@@ -153,9 +154,15 @@ fn run(target: &Target, params: Value, mode: Mode) -> Result<Value, String> {
             true => RawMode::enter(),
             false => None,
         };
-        follow(&client, params, mode)
-            .await
-            .map_err(|e| e.to_string())
+        match follow(&client, params, mode).await {
+            // Killed at its time limit: said, and the exit code is the
+            // signal's, as a shell reports it.
+            Err(ClientError::Remote(e)) if e.code == ErrorCode::Timeout && e.details.is_some() => {
+                eprintln!("portcullis: {}", e.message);
+                Ok(e.details.unwrap_or_default())
+            }
+            other => other.map_err(|e| e.to_string()),
+        }
     })
 }
 

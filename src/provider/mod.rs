@@ -307,7 +307,7 @@ impl StreamSink {
 
     /// Sends output as a `stream` frame (see [`output`]).
     pub async fn output(&self, frame: output::OutputFrame) -> Result<(), SessionGone> {
-        self.usage.add_out(frame.len());
+        self.usage.add_out(frame.output_len());
         let stream = Outbound::Frame(Frame::Stream(Stream {
             id: self.id.clone(),
             event: frame.event.to_string(),

@@ -28,7 +28,7 @@ pub struct OutputFrame {
 
 impl OutputFrame {
     /// How many output bytes it carries.
-    pub fn len(&self) -> usize {
+    pub fn output_len(&self) -> usize {
         match self.base64 {
             true => base64::engine::general_purpose::STANDARD
                 .decode(&self.data)

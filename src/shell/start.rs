@@ -60,7 +60,10 @@ pub async fn start(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
         started["sandbox_warning"] = json!(warning);
     }
     process.watch(call.resources.events());
-    if call.stream.event("started", started).await.is_err() {
+    let status = json!({"state": "running", "process_id": process.id, "pid": process.pid});
+    if call.stream.event("started", started).await.is_err()
+        || call.stream.event("status", status).await.is_err()
+    {
         return Err(let_go(&call, &process, true, true));
     }
     follow(&call, &process, 0, true).await
@@ -226,6 +229,18 @@ async fn follow(
     result["terminal_bytes"] = json!(process.output.written(Channel::Terminal));
     result["output_truncated"] = json!(process.output.over_limit() > 0);
     result["missed_bytes"] = json!(missed);
+    // The spec's process state change, before the terminal response.
+    let mut status = result.clone();
+    status["state"] = json!("exited");
+    let _ = call.stream.event("status", status).await;
+    if result["ended_by"] == "timeout" {
+        // The spec's `timeout`, with how it ended in details.
+        return Err(ErrorBody::new(
+            ErrorCode::Timeout,
+            "the process was killed at its time limit",
+        )
+        .with_details(result));
+    }
     Ok(result)
 }
 
