@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use common::{Gateway, key_b64};
 use futures_util::{SinkExt, StreamExt};
-use portcullis_crypto::{Handshake, PROLOGUE, StaticKeypair, Transport};
+use portcullis_crypto::{StaticKeypair, Transport};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// The spec's frames over the Noise channel: a record is a kind byte
 /// (0x01, a frame) and the frame's JSON.
@@ -29,30 +28,17 @@ struct SpecClient {
 
 impl SpecClient {
     async fn connect(gw: &Gateway, identity: &StaticKeypair) -> Self {
-        let tcp = TcpStream::connect(gw.addr).await.unwrap();
-        let request = format!("{}/api/v1/relay/connect", gw.url)
-            .into_client_request()
-            .unwrap();
-        let (mut ws, _) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
-        let mut hs = Handshake::initiator(identity, PROLOGUE).pin_remote_static(gw.key);
-        ws.send(Message::Binary(hs.write_message(&[]).unwrap().into()))
-            .await
-            .unwrap();
-        let Some(Ok(Message::Binary(m2))) = ws.next().await else {
-            panic!("no handshake message 2")
-        };
-        hs.read_message(&m2).unwrap();
-        ws.send(Message::Binary(hs.write_message(b"{}").unwrap().into()))
-            .await
-            .unwrap();
-        let transport = hs.into_transport().unwrap();
+        // The Noise channel is portcullis's (the one part not from the
+        // spec); its first record is the hello.
+        let (ws, transport, hello) = gw.raw_with_hello(identity).await;
+        assert_eq!(hello.first(), Some(&0x01), "the hello is a frame record");
         let mut client = Self {
             ws,
             transport,
-            hello: Value::Null,
+            hello: serde_json::from_slice(&hello[1..]).unwrap(),
             parts: Vec::new(),
         };
-        client.hello = client.recv().await;
+        assert_spec_shape(&client.hello);
         assert_eq!(client.hello["type"], "hello", "{}", client.hello);
         assert_eq!(client.hello["protocol"], "ya-environment-relay.v1");
         // The spec's relay.accepted, as its example writes it.

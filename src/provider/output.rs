@@ -173,6 +173,13 @@ mod tests {
         out
     }
 
+    /// Each frame as (event, sequence, data, whether base64).
+    fn shown(out: &[OutputFrame]) -> Vec<(&str, u64, &str, bool)> {
+        out.iter()
+            .map(|f| (f.event, f.sequence, f.data.as_str(), f.base64))
+            .collect()
+    }
+
     fn bytes_of(frame: &OutputFrame) -> Vec<u8> {
         match frame.base64 {
             true => base64::engine::general_purpose::STANDARD
@@ -190,12 +197,8 @@ mod tests {
             (Channel::Stdout, &[&euro[1..], b"b"].concat()),
             (Channel::Stderr, b"oops\n"),
         ]);
-        let shown: Vec<_> = out
-            .iter()
-            .map(|f| (f.event, f.sequence, f.data.as_str(), f.base64))
-            .collect();
         assert_eq!(
-            shown,
+            shown(&out),
             [
                 ("stdout", 0, "a", false),
                 ("stdout", 1, "€b", false),
@@ -211,12 +214,8 @@ mod tests {
             (Channel::Stdout, b"\xe2\x82"),
             (Channel::Stderr, b"x"),
         ]);
-        let shown: Vec<_> = out
-            .iter()
-            .map(|f| (f.event, f.sequence, f.data.as_str(), f.base64))
-            .collect();
         assert_eq!(
-            shown,
+            shown(&out),
             [
                 ("stdout", 0, "ok", false),
                 ("stdout", 2, "//4=", true),

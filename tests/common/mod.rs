@@ -187,6 +187,16 @@ impl Gateway {
     /// A raw WebSocket with a finished handshake, for sending what the
     /// client library never would. Returns the socket and the transport.
     pub async fn raw(&self, identity: &StaticKeypair) -> (WebSocketStream<TcpStream>, Transport) {
+        let (ws, transport, hello) = self.raw_with_hello(identity).await;
+        assert!(String::from_utf8_lossy(&hello).contains("\"hello\""));
+        (ws, transport)
+    }
+
+    /// [`raw`](Self::raw), with the gateway's first record (its hello).
+    pub async fn raw_with_hello(
+        &self,
+        identity: &StaticKeypair,
+    ) -> (WebSocketStream<TcpStream>, Transport, Vec<u8>) {
         let tcp = TcpStream::connect(self.addr).await.unwrap();
         let request = format!("{}/api/v1/relay/connect", self.url)
             .into_client_request()
@@ -208,8 +218,7 @@ impl Gateway {
             panic!("no hello")
         };
         let hello = transport.open(&hello).unwrap();
-        assert!(String::from_utf8_lossy(&hello).contains("\"hello\""));
-        (ws, transport)
+        (ws, transport, hello)
     }
 }
 
