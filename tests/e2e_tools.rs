@@ -706,6 +706,66 @@ async fn waiting(gw: &Gateway, n: usize) -> Vec<Value> {
 }
 
 #[tokio::test]
+async fn the_runtime_sees_a_parked_call_and_how_it_was_decided() {
+    let Setup { gw, alice, .. } = setup().await;
+    let ask = |what: &str| json!({"name": "wipe", "arguments": {"what": what}});
+    let mut handle = alice.start("tool.call", ask("cache")).await.unwrap();
+    // The call's status frame names the approval and a digest of the
+    // arguments, and the session hears of it.
+    let Some(StreamItem::Stream {
+        event,
+        data: parked,
+    }) = handle.next().await
+    else {
+        panic!("no status frame")
+    };
+    assert_eq!(event, "status");
+    assert_eq!(parked["state"], "awaiting_approval", "{parked}");
+    assert_eq!(parked["method"], "tool.call");
+    assert_eq!(parked["tool"], "wipe");
+    assert!(parked["risk"].is_string(), "{parked}");
+    let digest = parked["arguments_sha256"].as_str().unwrap().to_string();
+    assert_eq!(digest.len(), 64);
+    assert!(
+        parked.get("arguments").is_none(),
+        "the arguments themselves stay with the operator"
+    );
+    let requested = event_named(&alice, "approval.requested").await;
+    assert_eq!(requested["approval_id"], parked["approval_id"]);
+    assert_eq!(requested["request_id"], handle.id.to_string());
+    let pending = waiting(&gw, 1).await;
+    assert_eq!(pending[0]["id"], parked["approval_id"]);
+    assert!(
+        gw.cli(&["approvals", "approve", &pending[0]["id"].to_string()])
+            .status
+            .success()
+    );
+    let Some(StreamItem::Stream { data: decided, .. }) = handle.next().await else {
+        panic!("no decision frame")
+    };
+    assert_eq!(decided["state"], "approved", "{decided}");
+    assert_eq!(
+        event_named(&alice, "approval.decided").await["state"],
+        "approved"
+    );
+    assert_eq!(handle.response().await.unwrap()["value"], "wiped cache");
+
+    // Other arguments, another digest; the runtime may cancel it.
+    let mut other = alice.start("tool.call", ask("logs")).await.unwrap();
+    let Some(StreamItem::Stream { data: parked, .. }) = other.next().await else {
+        panic!("no status frame")
+    };
+    assert_ne!(parked["arguments_sha256"], digest.as_str());
+    other.cancel().await.unwrap();
+    let (code, _, _) = remote(&other.response().await);
+    assert_eq!(code, ErrorCode::Cancelled);
+    assert_eq!(
+        event_named(&alice, "approval.decided").await["state"],
+        "approval_cancelled"
+    );
+}
+
+#[tokio::test]
 async fn approvals_park_the_call_until_an_operator_decides_or_it_times_out() {
     let Setup { gw, alice, .. } = setup().await;
     let wipe = json!({"name": "wipe", "arguments": {"what": "cache"}});

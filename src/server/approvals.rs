@@ -14,9 +14,11 @@ use std::time::Duration;
 use portcullis_policy::ApprovalPolicy;
 use portcullis_store::{Decision as AuditDecision, Record as AuditRecord, RememberedApprovals};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use crate::provider::{EventSink, StreamSink};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 
 /// Parked calls at most (more are refused at once).
@@ -49,6 +51,8 @@ pub struct Ask {
     request_id: String,
     run_id: Option<String>,
     policy: ApprovalPolicy,
+    /// The tool's risk as the policy declares it.
+    risk: Option<String>,
 }
 
 impl Ask {
@@ -69,7 +73,36 @@ impl Ask {
             request_id: request.id.to_string(),
             run_id: request.context.as_ref().and_then(|c| c.run_id.clone()),
             policy,
+            risk: None,
         }
+    }
+
+    /// With the tool's declared risk, for the runtime's view.
+    pub fn with_risk(mut self, risk: Option<String>) -> Self {
+        self.risk = risk;
+        self
+    }
+}
+
+/// Who sees a parked call besides the operator: the runtime, through a
+/// `status` frame of the call and an event of its session
+/// (`approval.requested`, then `approval.decided`).
+pub struct Onlookers {
+    pub stream: StreamSink,
+    pub events: EventSink,
+    pub request_id: String,
+}
+
+impl Onlookers {
+    async fn show(&self, view: Value) {
+        let _ = self.stream.event("status", view.clone()).await;
+        let mut payload = view;
+        payload["request_id"] = json!(self.request_id);
+        let event = match payload["state"] == "awaiting_approval" {
+            true => "approval.requested",
+            false => "approval.decided",
+        };
+        let _ = self.events.send(event, payload).await;
     }
 }
 
@@ -93,12 +126,15 @@ impl Approvals {
     }
 
     /// Waits for an approval of `ask` (or finds one remembered). Returns
-    /// who approved; a denial or timeout is `approval_required`.
+    /// who approved; a denial or timeout is `approval_required`. `shown`
+    /// hears what the runtime may see: the approval when it is parked
+    /// (`state: "awaiting_approval"`), and how it was decided.
     pub async fn obtain(
         &self,
         ask: Ask,
         timeout: Duration,
         cancel: &CancellationToken,
+        shown: &Onlookers,
     ) -> Result<String, ErrorBody> {
         let (principal, tool) = (ask.principal.as_str(), ask.tool.as_str());
         let key: Option<Vec<&str>> = match ask.policy {
@@ -142,15 +178,39 @@ impl Approvals {
             tool,
             "waiting for an operator's approval (portcullis approvals)"
         );
+        // The runtime sees the approval (not its arguments: their digest,
+        // so a changed argument is visibly another approval) and may
+        // cancel it; only the operator decides.
+        let digest = hex::encode(Sha256::digest(ask.arguments.to_string()));
+        let parked = json!({
+            "state": "awaiting_approval",
+            "approval_id": id,
+            "method": "tool.call",
+            "tool": ask.tool,
+            "arguments_sha256": digest,
+            "risk": ask.risk,
+            "approval_policy": ask.policy.as_str(),
+            "expires_in_ms": timeout.as_millis() as u64,
+        });
+        shown.show(parked).await;
         let answer = tokio::select! {
             answer = rx => answer.ok(),
             () = tokio::time::sleep(timeout) => None,
             () = cancel.cancelled() => {
                 self.lock().remove(&id);
+                shown.show(json!({"state": "approval_cancelled", "approval_id": id})).await;
                 return Err(ErrorBody::new(ErrorCode::Cancelled, "cancelled while waiting for approval"));
             }
         };
         self.lock().remove(&id);
+        let decided = match &answer {
+            Some(Answer::Approved(_)) => "approved",
+            Some(Answer::Denied(_)) => "denied",
+            None => "expired",
+        };
+        shown
+            .show(json!({"state": decided, "approval_id": id}))
+            .await;
         match answer {
             Some(Answer::Approved(by)) => {
                 if let (Some(key), Some(remembered)) = (&key, &self.remembered)

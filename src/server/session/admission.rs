@@ -20,7 +20,7 @@ use portcullis_store::{
     Decision as AuditDecision, Kind, Record as AuditRecord, RequestContext as AuditContext, Status,
 };
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Frame, Request, RequestId, Response};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::error;
@@ -30,7 +30,7 @@ use crate::provider::{
     Answer, Call, Method, Nested, Outbound, Pause, Providers, StartEntry, StreamSink, Usage,
 };
 use crate::server::Gateway;
-use crate::server::approvals::{Ask, record_outcome};
+use crate::server::approvals::{Ask, Onlookers, record_outcome};
 use crate::server::entry::{self, code_name, describe_target, error_code};
 
 /// Where a request's answer goes.
@@ -510,9 +510,25 @@ async fn approve(
     method: &Method,
     record: &mut AuditRecord,
 ) -> Result<Option<u64>, ErrorBody> {
-    let ask = Ask::for_request(&call.principal, &call.request, policy);
+    let risk = call
+        .request
+        .params
+        .get("name")
+        .and_then(Value::as_str)
+        .and_then(|name| call.policy.tool(name))
+        .and_then(|tool| serde_json::to_value(tool.risk).ok())
+        .and_then(|risk| risk.as_str().map(str::to_string));
+    let ask = Ask::for_request(&call.principal, &call.request, policy).with_risk(risk);
     let timeout = gateway.config.approval_timeout;
-    let outcome = gateway.approvals.obtain(ask, timeout, &call.cancel).await;
+    let onlookers = Onlookers {
+        stream: call.stream.clone(),
+        events: call.resources.events(),
+        request_id: call.request.id.to_string(),
+    };
+    let outcome = gateway
+        .approvals
+        .obtain(ask, timeout, &call.cancel, &onlookers)
+        .await;
     record_outcome(record, &outcome);
     outcome?;
     if !method.start_entry {
