@@ -93,12 +93,18 @@ async fn every_request_ends_in_exactly_one_entry() {
         .await
         .unwrap();
     assert!(malformed.response().await.is_err());
-    // Bob may not list resources: blocked by policy.
+    // Bob may list his resources (his file access makes watches), but not
+    // run a command: blocked by policy.
     let bob_client = gw.connect(&bob).await.unwrap();
     bob_client.accept_all().await.unwrap();
+    assert!(bob_client.offered().contains(&"resources".to_string()));
+    bob_client
+        .request("resource.list", json!({}))
+        .await
+        .unwrap();
     assert!(
         bob_client
-            .request("resource.list", json!({}))
+            .request("shell.exec", json!({"command": ["ls"]}))
             .await
             .is_err()
     );
@@ -173,7 +179,11 @@ async fn every_request_ends_in_exactly_one_entry() {
     );
     let blocked: Vec<&Entry> = all
         .iter()
-        .filter(|e| e.record.principal.as_deref() == Some("bob") && e.record.kind == Kind::Request)
+        .filter(|e| {
+            e.record.principal.as_deref() == Some("bob")
+                && e.record.kind == Kind::Request
+                && e.record.decision == Some(Decision::Blocked)
+        })
         .collect();
     assert_eq!(blocked.len(), 1);
     let read_only = blocked[0];
@@ -188,7 +198,7 @@ async fn every_request_ends_in_exactly_one_entry() {
             .rule
             .as_deref()
             .unwrap()
-            .contains("no grant gives principal `bob` resources"),
+            .contains("no grant gives principal `bob` shell"),
         "{:?}",
         read_only.record.rule
     );

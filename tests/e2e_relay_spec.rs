@@ -598,3 +598,70 @@ async fn a_process_reports_its_state_and_a_time_limit_is_the_timeout_code() {
     assert_eq!(error["details"]["ended_by"], "timeout");
     assert_eq!(error["details"]["signal"], "SIGKILL");
 }
+
+#[tokio::test]
+async fn file_access_alone_lists_and_disposes_its_watches_up_to_max_resources() {
+    let (reader, capped) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let policy = format!(
+        r#"
+[[principal]]
+id = "reader"
+public_key = "{reader}"
+
+[[principal]]
+id = "capped"
+public_key = "{capped}"
+
+[[root]]
+id = "main"
+path = "GWDIR/workspace"
+virtual_path = "/workspace/main"
+
+[[grant]]
+id = "reader"
+principals = ["reader"]
+fileops = {{ main = "ro" }}
+
+[[grant]]
+id = "capped"
+principals = ["capped"]
+fileops = {{ main = "ro" }}
+resources = {{ max_resources = 2 }}
+"#,
+        reader = key_b64(&reader),
+        capped = key_b64(&capped),
+    );
+    let gw = Gateway::start(&policy, "");
+    std::fs::create_dir_all(gw.dir.join("workspace")).unwrap();
+    let watch = json!({"root_id": "main", "path": ""});
+
+    // Only file access: the watch it makes, it may list and dispose of.
+    let client = gw.connect(&reader).await.unwrap();
+    assert!(client.offered().contains(&"resources".to_string()));
+    client.accept_all().await.unwrap();
+    let made = client.request("file.watch", watch.clone()).await.unwrap();
+    let id = made["watch"].as_str().unwrap().to_string();
+    let listed = client.request("resource.list", json!({})).await.unwrap();
+    assert!(listed.to_string().contains(&id), "{listed}");
+    client
+        .request("resource.dispose", json!({"id": id}))
+        .await
+        .unwrap();
+
+    // max_resources holds: a third watch is refused, naming the limit.
+    let client = gw.connect(&capped).await.unwrap();
+    client.accept_all().await.unwrap();
+    for _ in 0..2 {
+        client.request("file.watch", watch.clone()).await.unwrap();
+    }
+    let Err(portcullis_client::ClientError::Remote(e)) =
+        client.request("file.watch", watch.clone()).await
+    else {
+        panic!("a third watch past max_resources = 2")
+    };
+    assert_eq!(e.code, portcullis_wire::frame::ErrorCode::PolicyBlocked);
+    assert!(e.message.contains("max_resources (2)"), "{}", e.message);
+}

@@ -374,7 +374,7 @@ pub fn decide(
             }
         }
         (Capability::Resources, Target::None) => {
-            first_grant_with(grants, cap, principal_id, |g| g.resources.is_some())
+            first_grant_with(grants, cap, principal_id, grants_resources)
         }
         (_, _) => Decision::deny(
             Denial::InvalidRequest,
@@ -748,6 +748,20 @@ pub struct Summary {
     pub tools: Vec<String>,
     pub scripts: bool,
     pub resources: bool,
+    /// Resources one session may hold: the largest `max_resources` of the
+    /// principal's `resources` grants (64 where none says).
+    pub max_resources: u32,
+}
+
+/// `max_resources` where no `resources` grant says.
+pub const DEFAULT_MAX_RESOURCES: u32 = 64;
+
+/// Whether grant `g` gives the `resources` capability: a `resources`
+/// table, or file access, which makes resources (watches) to list and
+/// dispose of. (A command's processes have `shell.list` and
+/// `shell.cancel`.)
+fn grants_resources(g: &Grant) -> bool {
+    g.resources.is_some() || !g.fileops.is_empty()
 }
 
 /// The tools `principal` may call now, by name and descriptor (what
@@ -811,7 +825,13 @@ pub fn summary(policy: &Policy, principal_id: &str, now: jiff::Timestamp) -> Sum
             out.pty |= shell.pty;
         }
         out.scripts |= g.scripts.is_some();
-        out.resources |= g.resources.is_some();
+        out.resources |= grants_resources(g);
+        if let Some(r) = &g.resources {
+            out.max_resources = out.max_resources.max(r.max_resources);
+        }
+    }
+    if out.resources && out.max_resources == 0 {
+        out.max_resources = DEFAULT_MAX_RESOURCES;
     }
     out.tools = policy
         .tools

@@ -240,7 +240,9 @@ impl Validator<'_> {
         let tools = raw.tools.map(|t| self.tools(&id, t));
         let scripts = raw.scripts.map(scripts);
         let resources = raw.resources.map(|r| ResourcesGrant {
-            max_resources: r.max_resources.unwrap_or(64),
+            max_resources: r
+                .max_resources
+                .unwrap_or(crate::decide::DEFAULT_MAX_RESOURCES),
         });
         if fileops.is_empty()
             && shell.is_none()

@@ -5,6 +5,7 @@
 //! provider API: a call adds what it holds to its session's resources.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Frame, Request};
@@ -48,6 +49,9 @@ struct Held {
 pub struct SessionResources {
     held: Arc<Mutex<Holdings>>,
     events: EventSink,
+    /// The principal's `max_resources` (the session sets it, and again
+    /// after a policy change); [`MAX_PER_SESSION`] bounds it.
+    granted: Arc<AtomicUsize>,
 }
 
 #[derive(Default)]
@@ -61,7 +65,14 @@ impl SessionResources {
         Self {
             held: Arc::default(),
             events: EventSink { outbox },
+            granted: Arc::new(AtomicUsize::new(MAX_PER_SESSION)),
         }
+    }
+
+    /// How many resources the principal's grants let this session hold.
+    pub fn set_granted(&self, max_resources: u32) {
+        let n = usize::try_from(max_resources).unwrap_or(usize::MAX);
+        self.granted.store(n, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Holdings> {
@@ -76,12 +87,24 @@ impl SessionResources {
     /// Reserves an id (`w1`, `w2`, …) for a resource about to be made.
     pub fn reserve(&self, prefix: &str) -> Result<String, ErrorBody> {
         let mut held = self.lock();
-        if held.by_id.len() >= MAX_PER_SESSION {
+        let granted = self.granted.load(Ordering::Relaxed);
+        if held.by_id.len() >= granted.min(MAX_PER_SESSION) {
+            let (code, limit) = match granted < MAX_PER_SESSION {
+                true => (
+                    ErrorCode::PolicyBlocked,
+                    format!("the grant's max_resources ({granted})"),
+                ),
+                false => (
+                    ErrorCode::ProviderError,
+                    format!("{MAX_PER_SESSION}, the most a session holds"),
+                ),
+            };
             return Err(ErrorBody::new(
-                ErrorCode::ProviderError,
+                code,
                 format!(
-                    "this session holds {MAX_PER_SESSION} resources already; \
-                     dispose of one with resource.dispose"
+                    "this session holds {} resources already, {limit}; \
+                     dispose of one with resource.dispose",
+                    held.by_id.len()
                 ),
             ));
         }

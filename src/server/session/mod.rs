@@ -144,6 +144,8 @@ pub async fn run<R, W>(
         capabilities: capabilities_json(&policy, &granted),
     };
     let tools = tools_by_name(&policy, &principal, jiff::Timestamp::now());
+    let resources = SessionResources::new(outbox.clone());
+    resources.set_granted(granted.max_resources);
     let mut session = Session {
         gateway: gateway.clone(),
         principal,
@@ -162,7 +164,8 @@ pub async fn run<R, W>(
         tools,
         granted,
         end_reason: Arc::new(OnceLock::new()),
-        resources: SessionResources::new(outbox.clone()),
+        // Moved in: a copy left here would hold the outbox open.
+        resources,
         requests,
     };
     if outbox

@@ -52,6 +52,7 @@ impl Session {
                 capabilities_json(&policy, &self.granted),
                 capabilities_json(&policy, &granted),
             );
+            self.resources.set_granted(granted.max_resources);
             self.granted = granted;
             let names: std::collections::BTreeSet<&String> =
                 before.keys().chain(after.keys()).collect();
