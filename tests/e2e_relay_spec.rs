@@ -665,3 +665,41 @@ resources = {{ max_resources = 2 }}
     assert_eq!(e.code, portcullis_wire::frame::ErrorCode::PolicyBlocked);
     assert!(e.message.contains("max_resources (2)"), "{}", e.message);
 }
+
+#[tokio::test]
+async fn a_long_transfer_reports_its_progress() {
+    let (gw, alice) = setup();
+    let file = gw.dir.join("workspace/large.bin");
+    std::fs::write(&file, vec![7u8; 48 << 20]).unwrap();
+    let client = gw.connect(&alice).await.unwrap();
+    client.accept_all().await.unwrap();
+    let params = json!({"root_id": "main", "path": "large.bin", "stream": true});
+    let mut handle = client.start("file.read", params).await.unwrap();
+    // A reader that stops for longer than a progress interval after its
+    // first chunk: the gateway, held up by the full pipe (the file is far
+    // larger than the buffers between), sends the rest after it.
+    let (mut received, mut reports) = (0u64, Vec::new());
+    while let Some(item) = handle.next().await {
+        match item {
+            portcullis_client::StreamItem::Chunk { data, .. } => {
+                if received == 0 {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                }
+                received += data.len() as u64;
+            }
+            portcullis_client::StreamItem::Stream { event, data } => {
+                assert_eq!(event, "progress");
+                reports.push(data);
+            }
+        }
+    }
+    assert_eq!(handle.response().await.unwrap()["length"], 48 << 20);
+    assert_eq!(received, 48 << 20);
+    assert!(!reports.is_empty(), "no progress in {received} bytes");
+    let sent: Vec<u64> = reports
+        .iter()
+        .map(|r| r["bytes_sent"].as_u64().unwrap())
+        .collect();
+    assert!(sent.windows(2).all(|w| w[0] < w[1]), "{sent:?}");
+    assert!(reports.iter().all(|r| r["bytes_total"] == 48 << 20));
+}

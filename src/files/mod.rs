@@ -26,7 +26,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::provider::{Call, Method, Provider, Reply, StreamSink, Usage, no_input, params};
+use crate::provider::{
+    Call, Method, Progress, Provider, Reply, StreamSink, Usage, no_input, params,
+};
 use ops::AtomicFile;
 use portcullis_confine::{FileError, Root, RootSpec};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
@@ -482,6 +484,7 @@ async fn read(
             let want = p.length.unwrap_or(available).min(available);
             let mut hasher = p.sha256.then(Sha256::new);
             let mut sent = 0u64;
+            let mut progress = Progress::default();
             while sent < want {
                 if cancel.is_cancelled() {
                     return Err(FileError::Cancelled);
@@ -499,6 +502,9 @@ async fn read(
                 }
                 sent += n as u64;
                 sink.record_blocking(chunk)
+                    .map_err(|_| FileError::Cancelled)?;
+                progress
+                    .tick(&sink, || json!({"bytes_sent": sent, "bytes_total": want}))
                     .map_err(|_| FileError::Cancelled)?;
             }
             result["length"] = json!(sent);

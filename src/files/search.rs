@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::ops::{Step, Tree};
-use crate::provider::StreamSink;
+use crate::provider::{Progress, StreamSink};
 use portcullis_confine::{FileError, Root};
 
 /// Longest pattern accepted, in bytes.
@@ -104,6 +104,7 @@ pub fn search(
         .build();
     let mut tally = Tally::default();
     let mut lost = None;
+    let mut progress = Progress::default();
     let mut search_one = |file: File, rel: &str, tally: &mut Tally| {
         let mut out = Matches {
             root,
@@ -165,7 +166,16 @@ pub fn search(
                 return Step::Next;
             };
             tally.bytes_searched += entry.stat.st_size as u64;
-            match search_one(file, entry.path, &mut tally) {
+            let searched = search_one(file, entry.path, &mut tally);
+            let reported = progress.tick(sink, || {
+                json!({"files_searched": tally.files_searched, "bytes_searched": tally.bytes_searched,
+                       "matches": tally.matches})
+            });
+            if reported.is_err() {
+                lost = Some(io::Error::from(io::ErrorKind::BrokenPipe));
+                return Step::Stop;
+            }
+            match searched {
                 Ok(()) if tally.cut_by.is_some() => Step::Stop,
                 Ok(()) => Step::Next,
                 Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {

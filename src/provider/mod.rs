@@ -368,6 +368,40 @@ impl StreamSink {
     }
 }
 
+/// How often long work (a streamed read, a search) reports how far it got.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// The spec's `progress` stream frames of one request, at most one per
+/// [`PROGRESS_EVERY`]: work done sooner reports none.
+pub struct Progress {
+    next: std::time::Instant,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self {
+            next: std::time::Instant::now() + PROGRESS_EVERY,
+        }
+    }
+}
+
+impl Progress {
+    /// Sends `progress` with `data()` if one is due (from a blocking
+    /// thread).
+    pub fn tick(
+        &mut self,
+        sink: &StreamSink,
+        data: impl FnOnce() -> Value,
+    ) -> Result<(), SessionGone> {
+        let now = std::time::Instant::now();
+        if now < self.next {
+            return Ok(());
+        }
+        self.next = now + PROGRESS_EVERY;
+        sink.event_blocking("progress", data())
+    }
+}
+
 #[derive(Debug)]
 pub struct SessionGone;
 
