@@ -29,6 +29,17 @@ pub struct Config {
     /// always serves `/v1/metrics`).
     pub metrics_listen: Option<SocketAddr>,
     pub egress: EgressConfig,
+    pub artifacts: ArtifactsConfig,
+}
+
+/// `[artifacts]`: uploads of results to the runtime's storage.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactsConfig {
+    /// The CA certificates (PEM) an `https` upload URL's server is checked
+    /// against; Debian's bundle where unset.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `[egress]`: the proxy commands with an egress allow-list go through.
@@ -162,6 +173,8 @@ struct RawConfig {
     metrics_listen: Option<SocketAddr>,
     #[serde(default)]
     egress: EgressConfig,
+    #[serde(default)]
+    artifacts: ArtifactsConfig,
 }
 
 fn default_provider_id() -> String {
@@ -266,6 +279,7 @@ impl Config {
             approval_timeout: raw.approval_timeout.unwrap_or(Duration::from_secs(300)),
             metrics_listen: raw.metrics_listen,
             egress: raw.egress,
+            artifacts: raw.artifacts,
             tls: raw.tls.map(|t| TlsFiles {
                 cert: resolve(t.cert),
                 key: resolve(t.key),

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::artifacts::Artifacts;
 use crate::config::Config;
 use crate::egress::Egress;
 use crate::files::Files;
@@ -29,10 +30,11 @@ impl Daemon {
     pub fn assemble(config: &Config, audit: AuditLog) -> Self {
         let instance_id = crate::random_id();
         let processes = Processes::new(&instance_id);
+        let artifacts = Artifacts::new(audit.clone(), config.artifacts.ca_file.clone());
         let egress = Egress::new(&config.egress, &config.state_dir, audit);
         let providers = Providers::new()
             .with(Arc::new(Resources::new(processes.clone())))
-            .with(Arc::new(Files::new()))
+            .with(Arc::new(Files::with_artifacts(Some(artifacts))))
             .with(Arc::new(Shell::new(processes.clone(), egress)))
             .with(Arc::new(Tools::new(config.secrets_dir.clone())));
         Self {

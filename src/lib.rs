@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod artifacts;
 pub mod config;
 pub mod daemon;
 pub mod egress;

@@ -1,8 +1,9 @@
 //! A runtime written from the relay spec (`../shared/specs/relay-0.74/`)
 //! alone, apart from the Noise channel that carries its frames: its own
 //! small client, JSON frames in and out, never a binary chunk. It runs a
-//! command and reads its output from `stream` frames, and reattaches to a
-//! process exactly where it left off.
+//! command and reads its output from `stream` frames, reattaches to a
+//! process exactly where it left off, and hands a file to runtime-owned
+//! storage as an artifact.
 
 mod common;
 
@@ -28,6 +29,11 @@ struct SpecClient {
 
 impl SpecClient {
     async fn connect(gw: &Gateway, identity: &StaticKeypair) -> Self {
+        Self::connect_accepting(gw, identity, &["fileops", "shell"]).await
+    }
+
+    /// Connects, and accepts these of the capabilities the hello offers.
+    async fn connect_accepting(gw: &Gateway, identity: &StaticKeypair, accepted: &[&str]) -> Self {
         // The Noise channel is portcullis's (the one part not from the
         // spec); its first record is the hello.
         let (ws, transport, hello) = gw.raw_with_hello(identity).await;
@@ -48,7 +54,7 @@ impl SpecClient {
                 "event": "relay.accepted",
                 "payload": {
                     "connection_id": "relay_conn_123",
-                    "accepted_capabilities": ["fileops", "shell"],
+                    "accepted_capabilities": accepted,
                     "server_time": "2026-05-11T15:40:00Z"
                 }
             }))
@@ -242,6 +248,7 @@ principals = ["alice"]
 fileops = {{ main = "rw" }}
 shell = {{ commands = ["sh", "printf", "sleep", "cat", "head", "tr"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, persist = true }}
 tools = {{ allow = ["big"] }}
+artifacts = {{ mime_types = ["text/*", "application/octet-stream"], max_size = "8MiB" }}
 
 [[tool]]
 name = "big"
@@ -702,4 +709,275 @@ async fn a_long_transfer_reports_its_progress() {
         .collect();
     assert!(sent.windows(2).all(|w| w[0] < w[1]), "{sent:?}");
     assert!(reports.iter().all(|r| r["bytes_total"] == 48 << 20));
+}
+
+/// The runtime's storage: a plain HTTP server on 127.0.0.1 that takes
+/// uploads, answering each with `status`; what it received comes back on
+/// the channel (request head, body).
+async fn storage(status: &'static str) -> (String, tokio::sync::mpsc::Receiver<(String, Vec<u8>)>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        // Bounded: a test makes at most a few uploads.
+        for _ in 0..4 {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut seen = Vec::new();
+            let mut buffer = [0u8; 65536];
+            let head_end = loop {
+                let n = socket.read(&mut buffer).await.unwrap();
+                assert!(n > 0, "the upload ended inside its head");
+                seen.extend_from_slice(&buffer[..n]);
+                if let Some(at) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break at + 4;
+                }
+            };
+            let head = String::from_utf8_lossy(&seen[..head_end]).to_string();
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .expect("a Content-Length");
+            let mut body = seen[head_end..].to_vec();
+            // A redirect is answered before the body is read.
+            if !status.starts_with('3') {
+                while body.len() < length {
+                    let n = socket.read(&mut buffer).await.unwrap();
+                    assert!(n > 0, "the upload ended early");
+                    body.extend_from_slice(&buffer[..n]);
+                }
+            }
+            let answer = format!(
+                "HTTP/1.1 {status}\r\nLocation: http://elsewhere.invalid/\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            socket.write_all(answer.as_bytes()).await.unwrap();
+            let _ = tx.send((head, body)).await;
+        }
+    });
+    (format!("http://{address}"), rx)
+}
+
+/// Plays the runtime's side of artifact coordination (02-protocol.md,
+/// "Artifact Coordination") until request `id` is answered: reserves with
+/// an upload URL under `storage` and a bearer header, records what the
+/// gateway asked, and completes. Returns the gateway's requests, the
+/// request's stream frames, the events and its response.
+async fn serve_artifacts(
+    client: &mut SpecClient,
+    id: &str,
+    storage: &str,
+) -> (Vec<Value>, Vec<Value>, Vec<Value>, Value) {
+    let (mut asked, mut streams, mut events) = (Vec::new(), Vec::new(), Vec::new());
+    loop {
+        let frame = client.recv().await;
+        match frame["type"].as_str() {
+            Some("request") => {
+                let result = match frame["method"].as_str() {
+                    Some("artifact.reserve") => json!({
+                        "artifact_id": "art_123",
+                        "upload_url": format!("{storage}/upload/art_123?sig=s3cr3t"),
+                        "headers": {"Authorization": "Bearer upload-token"}
+                    }),
+                    Some("artifact.complete" | "artifact.abort") => json!({}),
+                    other => panic!("the gateway asked {other:?}"),
+                };
+                client
+                    .send(json!({"type": "response", "id": frame["id"], "result": result}))
+                    .await;
+                asked.push(frame);
+            }
+            Some("stream") if frame["id"] == id => streams.push(frame),
+            Some("event") => events.push(frame),
+            Some("response") if frame["id"] == id => return (asked, streams, events, frame),
+            _ => panic!("unexpected frame {frame}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_file_goes_to_runtime_storage_as_an_artifact() {
+    use sha2::Digest as _;
+    let (gw, alice) = setup();
+    let content: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(gw.dir.join("workspace/build.log"), &content).unwrap();
+    let (storage, mut uploads) = storage("201 Created").await;
+    let mut client = SpecClient::connect_accepting(&gw, &alice, &["fileops", "artifacts"]).await;
+    assert_eq!(client.hello["capabilities"]["artifacts"]["enabled"], true);
+    client
+        .send(json!({
+            "type": "request", "id": "req_art", "method": "file.read",
+            "params": {"root_id": "main", "path": "build.log",
+                       "artifact": {"kind": "log", "mime_type": "text/plain", "metadata": {"step": "build"}}},
+            "context": {"run_id": "run_123"}
+        }))
+        .await;
+    let (asked, streams, events, response) =
+        serve_artifacts(&mut client, "req_art", &storage).await;
+    let sha256 = hex::encode(sha2::Sha256::digest(&content));
+
+    // reserve, as the spec's example, then complete with size and hash.
+    let methods: Vec<&str> = asked
+        .iter()
+        .map(|r| r["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        methods,
+        ["artifact.reserve", "artifact.complete"],
+        "{asked:?}"
+    );
+    let reserve = &asked[0]["params"];
+    assert_eq!(reserve["run_id"], "run_123");
+    assert_eq!(reserve["kind"], "log");
+    assert_eq!(reserve["mime_type"], "text/plain");
+    assert_eq!(reserve["metadata"]["step"], "build");
+    assert_eq!(reserve["metadata"]["path"], "/workspace/main/build.log");
+    let complete = &asked[1]["params"];
+    assert_eq!(complete["artifact_id"], "art_123");
+    assert_eq!(complete["size_bytes"], content.len());
+    assert_eq!(complete["sha256"], sha256);
+
+    // The bytes went to the URL the runtime gave, with its header.
+    let (head, body) = uploads.recv().await.unwrap();
+    assert!(
+        head.starts_with("PUT /upload/art_123?sig=s3cr3t HTTP/1.1\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.contains("authorization: Bearer upload-token\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("content-type: text/plain\r\n"), "{head}");
+    assert!(
+        body == content,
+        "the upload differs from the file ({} bytes)",
+        body.len()
+    );
+
+    // The answer, the `artifact` stream frame and `artifact.uploaded`.
+    let artifact = &response["result"]["artifact"];
+    assert_eq!(artifact["artifact_id"], "art_123");
+    assert_eq!(artifact["sha256"], sha256);
+    assert_eq!(artifact["size_bytes"], content.len());
+    assert!(response["result"].get("content").is_none(), "{response}");
+    assert!(
+        streams
+            .iter()
+            .any(|s| s["event"] == "artifact" && s["data"]["artifact_id"] == "art_123"),
+        "{streams:?}"
+    );
+    let uploaded = events
+        .iter()
+        .find(|e| e["event"] == "artifact.uploaded")
+        .expect("artifact.uploaded");
+    assert_eq!(uploaded["payload"]["run_id"], "run_123");
+    assert_eq!(uploaded["payload"]["request_id"], "req_art");
+
+    // Audited: each request to the runtime, and the upload's intent before
+    // it and its outcome after, naming the file.read; never the URL's
+    // path, query or header.
+    let mut entries = gw.audit_entries();
+    entries.sort_by_key(|e| e.seq);
+    let to_runtime: Vec<_> = entries
+        .iter()
+        .filter(|e| e.record.kind == portcullis_store::Kind::ToRuntime)
+        .collect();
+    assert_eq!(to_runtime.len(), 2, "{to_runtime:?}");
+    for e in &to_runtime {
+        assert_eq!(e.record.parent_request_id.as_deref(), Some("req_art"));
+        assert_eq!(e.record.status, Some(portcullis_store::Status::Succeeded));
+        assert_eq!(e.record.capability.as_deref(), Some("artifacts"));
+    }
+    let upload: Vec<_> = entries
+        .iter()
+        .filter(|e| e.record.method.as_deref() == Some("artifact.upload"))
+        .collect();
+    assert_eq!(upload.len(), 2, "a start entry and its outcome: {upload:?}");
+    assert_eq!(upload[0].record.kind, portcullis_store::Kind::RequestStart);
+    assert_eq!(upload[1].record.start_seq, Some(upload[0].seq));
+    assert!(
+        upload[0].seq < to_runtime[1].seq,
+        "the intent is written before complete is asked"
+    );
+    assert_eq!(upload[1].record.bytes_out, content.len() as u64);
+    assert_eq!(
+        upload[1].record.destination.as_deref(),
+        Some(storage.as_str())
+    );
+    let all = format!("{entries:?}");
+    assert!(
+        !all.contains("s3cr3t") && !all.contains("upload-token"),
+        "a secret of the runtime's was logged"
+    );
+}
+
+#[tokio::test]
+async fn an_artifact_outside_the_grant_or_redirected_is_refused() {
+    let (gw, alice) = setup();
+    std::fs::write(gw.dir.join("workspace/shot.png"), b"not really a png").unwrap();
+    std::fs::write(gw.dir.join("workspace/notes.txt"), b"notes").unwrap();
+    let (storage, mut uploads) = storage("302 Found").await;
+    let mut client = SpecClient::connect_accepting(&gw, &alice, &["fileops", "artifacts"]).await;
+
+    // image/png is not among the grant's types: refused before the
+    // runtime is asked anything.
+    client
+        .send(
+            json!({"type": "request", "id": "png", "method": "file.read",
+                     "params": {"root_id": "main", "path": "shot.png", "artifact": true}}),
+        )
+        .await;
+    let (asked, _, _, response) = serve_artifacts(&mut client, "png", &storage).await;
+    assert!(asked.is_empty(), "{asked:?}");
+    assert_eq!(response["error"]["code"], "permission_denied", "{response}");
+    assert!(
+        response["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("image/png"),
+        "{response}"
+    );
+
+    // The storage redirects: not followed; the artifact is aborted.
+    client
+        .send(
+            json!({"type": "request", "id": "txt", "method": "file.read",
+                     "params": {"root_id": "main", "path": "notes.txt", "artifact": true}}),
+        )
+        .await;
+    let (asked, _, _, response) = serve_artifacts(&mut client, "txt", &storage).await;
+    let methods: Vec<&str> = asked
+        .iter()
+        .map(|r| r["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods, ["artifact.reserve", "artifact.abort"], "{asked:?}");
+    assert_eq!(response["error"]["code"], "artifact_error", "{response}");
+    assert!(
+        response["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("redirects are not followed"),
+        "{response}"
+    );
+    let (head, _) = uploads.recv().await.unwrap();
+    assert!(head.starts_with("PUT /upload/art_123"), "{head}");
+    assert!(uploads.try_recv().is_err(), "the redirect was followed");
+
+    // A runtime that did not accept `artifacts` is never asked.
+    let mut plain = SpecClient::connect(&gw, &alice).await;
+    plain
+        .send(json!({"type": "request", "id": "no", "method": "file.read",
+                     "params": {"root_id": "main", "path": "notes.txt", "artifact": true}}))
+        .await;
+    let (asked, _, _, response) = serve_artifacts(&mut plain, "no", &storage).await;
+    assert!(asked.is_empty(), "{asked:?}");
+    assert_eq!(
+        response["error"]["code"], "capability_unavailable",
+        "{response}"
+    );
 }

@@ -82,6 +82,11 @@ pub enum Target {
     Script {
         requested: Option<ScriptLimits>,
     },
+    /// An artifact the gateway would upload: its type and size in bytes.
+    Artifact {
+        mime_type: String,
+        size: u64,
+    },
 }
 
 /// A capability of the relay protocol.
@@ -93,6 +98,8 @@ pub enum Capability {
     Tools,
     Scripts,
     Resources,
+    /// Uploads to the runtime's storage (provider → runtime).
+    Artifacts,
 }
 
 impl Capability {
@@ -103,6 +110,7 @@ impl Capability {
             Self::Tools => "tools",
             Self::Scripts => "scripts",
             Self::Resources => "resources",
+            Self::Artifacts => "artifacts",
         }
     }
 }
@@ -129,6 +137,9 @@ fn classify(method: &str) -> Result<(Capability, Option<Access>), Denial> {
         "tool.list" | "tool.call" | "tool.cancel" => (Tools, None),
         "script.run" => (Scripts, None),
         "resource.list" | "resource.get" | "resource.dispose" => (Resources, None),
+        // The gateway's own upload of a result to the runtime's storage;
+        // the other `artifact.*` methods are what it asks of the runtime.
+        "artifact.upload" => (Artifacts, None),
         m if m.starts_with("computer.") || m.starts_with("artifact.") => {
             return Err(Denial::CapabilityUnavailable);
         }
@@ -376,6 +387,9 @@ pub fn decide(
         (Capability::Resources, Target::None) => {
             first_grant_with(grants, cap, principal_id, grants_resources)
         }
+        (Capability::Artifacts, Target::Artifact { mime_type, size }) => {
+            artifact(grants, principal_id, mime_type, *size)
+        }
         (_, _) => Decision::deny(
             Denial::InvalidRequest,
             cap,
@@ -385,6 +399,35 @@ pub fn decide(
             ),
         ),
     }
+}
+
+/// The first grant that lets the gateway upload an artifact of this type
+/// and size for the principal, or why none does.
+fn artifact(grants: &[&Grant], principal_id: &str, mime_type: &str, size: u64) -> Decision {
+    let cap = Some(Capability::Artifacts);
+    let mut refusals = Vec::new();
+    for g in grants {
+        let Some(a) = &g.artifacts else { continue };
+        if !a.allows_type(mime_type) {
+            refusals.push(format!(
+                "grant `{}` allows artifacts of type {}, not `{mime_type}`",
+                g.id,
+                a.mime_types.join(", ")
+            ));
+        } else if size > a.max_size {
+            refusals.push(format!(
+                "grant `{}` allows artifacts of at most {} bytes, not {size}",
+                g.id, a.max_size
+            ));
+        } else {
+            let rule = format!("grant `{}` allows artifacts of type `{mime_type}`", g.id);
+            return allow(cap, &g.id, rule, Terms::None);
+        }
+    }
+    if refusals.is_empty() {
+        return not_granted(cap, principal_id, "artifacts");
+    }
+    Decision::deny(Denial::NotGranted, cap, refusals.join("; "))
 }
 
 /// Whether the principal exists and may act now.
@@ -748,6 +791,8 @@ pub struct Summary {
     pub tools: Vec<String>,
     pub scripts: bool,
     pub resources: bool,
+    /// Whether the gateway may upload artifacts for the principal.
+    pub artifacts: bool,
     /// Resources one session may hold: the largest `max_resources` of the
     /// principal's `resources` grants (64 where none says).
     pub max_resources: u32,
@@ -826,6 +871,7 @@ pub fn summary(policy: &Policy, principal_id: &str, now: jiff::Timestamp) -> Sum
         }
         out.scripts |= g.scripts.is_some();
         out.resources |= grants_resources(g);
+        out.artifacts |= g.artifacts.is_some();
         if let Some(r) = &g.resources {
             out.max_resources = out.max_resources.max(r.max_resources);
         }

@@ -244,13 +244,15 @@ impl Validator<'_> {
                 .max_resources
                 .unwrap_or(crate::decide::DEFAULT_MAX_RESOURCES),
         });
+        let artifacts = raw.artifacts.map(|a| self.artifacts(&id, a));
         if fileops.is_empty()
             && shell.is_none()
             && tools.is_none()
             && scripts.is_none()
             && resources.is_none()
+            && artifacts.is_none()
         {
-            self.error(raw.id.span(), format!("grant `{id}` grants no capability (add fileops, shell, tools, scripts or resources)"));
+            self.error(raw.id.span(), format!("grant `{id}` grants no capability (add fileops, shell, tools, scripts, resources or artifacts)"));
         }
         Grant {
             id,
@@ -262,6 +264,40 @@ impl Validator<'_> {
             tools,
             scripts,
             resources,
+            artifacts,
+        }
+    }
+
+    fn artifacts(&mut self, grant: &str, raw: RawArtifacts) -> ArtifactsGrant {
+        let mut mime_types = Vec::new();
+        if raw.mime_types.get_ref().is_empty() {
+            self.error(
+                raw.mime_types.span(),
+                format!("grant `{grant}`: artifacts.mime_types is empty (name the types, e.g. \"text/*\", or \"*/*\" for any)"),
+            );
+        }
+        for pattern in raw.mime_types.into_inner() {
+            let text = pattern.get_ref().trim().to_ascii_lowercase();
+            let valid = text.split_once('/').is_some_and(|(kind, sub)| {
+                let token = |t: &str| {
+                    !t.is_empty()
+                        && t.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "!#$&-^_.+".contains(c))
+                };
+                (kind == "*" && sub == "*") || (token(kind) && (sub == "*" || token(sub)))
+            });
+            if valid {
+                mime_types.push(text);
+            } else {
+                self.error(
+                    pattern.span(),
+                    format!("grant `{grant}`: `{}` is not a MIME type pattern (`type/subtype`, `type/*` or `*/*`)", pattern.get_ref()),
+                );
+            }
+        }
+        ArtifactsGrant {
+            mime_types,
+            max_size: raw.max_size.map_or(DEFAULT_ARTIFACT_MAX_SIZE, |s| s.0),
         }
     }
 

@@ -54,6 +54,7 @@ pub struct Grant {
     pub tools: Option<ToolsGrant>,
     pub scripts: Option<ScriptLimits>,
     pub resources: Option<ResourcesGrant>,
+    pub artifacts: Option<ArtifactsGrant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -224,6 +225,41 @@ mod seconds {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResourcesGrant {
     pub max_resources: u32,
+}
+
+/// `max_size` of an artifacts grant that names none.
+pub const DEFAULT_ARTIFACT_MAX_SIZE: u64 = 64 << 20;
+
+/// What the gateway may upload to the runtime's storage for the
+/// principal (the spec's artifacts, provider → runtime).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArtifactsGrant {
+    /// `type/subtype`, `type/*` or `*/*`, lower case.
+    pub mime_types: Vec<String>,
+    /// Bytes one artifact may hold.
+    pub max_size: u64,
+}
+
+impl ArtifactsGrant {
+    /// Whether `mime_type` (its parameters ignored) is one of the grant's.
+    pub fn allows_type(&self, mime_type: &str) -> bool {
+        let essence = mime_type
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        let Some((kind, _)) = essence.split_once('/') else {
+            return false;
+        };
+        self.mime_types.iter().any(|allowed| {
+            allowed == "*/*"
+                || *allowed == essence
+                || allowed
+                    .strip_suffix("/*")
+                    .is_some_and(|family| family == kind)
+        })
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -72,6 +72,8 @@ pub(crate) struct RawGrant {
     pub scripts: Option<RawScripts>,
     #[serde(default)]
     pub resources: Option<RawResources>,
+    #[serde(default)]
+    pub artifacts: Option<RawArtifacts>,
 }
 
 #[derive(Deserialize)]
@@ -149,6 +151,14 @@ pub(crate) struct RawScripts {
 pub(crate) struct RawResources {
     #[serde(default)]
     pub max_resources: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawArtifacts {
+    pub mime_types: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub max_size: Option<SizeValue>,
 }
 
 #[derive(Deserialize)]

@@ -891,3 +891,82 @@ fn path_normalizes(p: &Policy, root: &str, path: &str) -> bool {
     p.root(root)
         .is_some_and(|r| portcullis_policy::path::normalize(&r.virtual_path, path).is_ok())
 }
+
+#[test]
+fn artifacts_are_bounded_by_type_and_size() {
+    let p = with_grants(
+        r#"
+[[grant]]
+id = "logs"
+principals = ["alice"]
+artifacts = { mime_types = ["text/*", "application/json"], max_size = "1KiB" }
+
+[[grant]]
+id = "images"
+principals = ["alice"]
+artifacts = { mime_types = ["image/png"] }
+"#,
+    );
+    let upload = |mime: &str, size: u64| {
+        let target = Target::Artifact {
+            mime_type: mime.into(),
+            size,
+        };
+        decide(&p, "alice", &query("artifact.upload", target), now())
+    };
+    assert!(upload("text/plain; charset=utf-8", 1024).is_allowed());
+    assert!(upload("Application/JSON", 10).is_allowed());
+    // Past the first grant's size, the second's type does not fit either.
+    let big = upload("text/plain", 1025);
+    assert_eq!(big.verdict, Verdict::Deny(Denial::NotGranted));
+    assert!(big.rule.contains("at most 1024 bytes"), "{}", big.rule);
+    // The second grant's default max_size (64 MiB).
+    assert!(upload("image/png", 60 << 20).is_allowed());
+    assert!(!upload("image/png", 65 << 20).is_allowed());
+    assert!(!upload("image/jpeg", 1).is_allowed());
+    assert!(!upload("nonsense", 1).is_allowed());
+    // bob has no artifacts grant; summary offers the capability to alice.
+    assert!(
+        !decide(
+            &p,
+            "bob",
+            &query(
+                "artifact.upload",
+                Target::Artifact {
+                    mime_type: "text/plain".into(),
+                    size: 1
+                }
+            ),
+            now()
+        )
+        .is_allowed()
+    );
+    assert!(summary(&p, "alice", now()).artifacts);
+    // What the runtime is asked is not a method a peer may call.
+    assert_eq!(
+        verdict(&p, "alice", query("artifact.reserve", Target::None)),
+        Verdict::Deny(Denial::CapabilityUnavailable)
+    );
+}
+
+#[test]
+fn artifacts_grants_name_mime_patterns() {
+    for (bad, says) in [
+        ("mime_types = []", "is empty"),
+        ("mime_types = [\"text\"]", "not a MIME type pattern"),
+        ("mime_types = [\"*/png\"]", "not a MIME type pattern"),
+        (
+            "mime_types = [\"text/*\"], max_size = \"lots\"",
+            "not a size",
+        ),
+    ] {
+        let text = format!(
+            "{}\n[[grant]]\nid = \"a\"\nprincipals = [\"alice\"]\nartifacts = {{ {bad} }}\n",
+            BASE.replace("TOKEN", TOKEN_HASH)
+        );
+        let error = parse(&text, "test.toml", Path::new("/etc/portcullis"))
+            .err()
+            .unwrap_or_else(|| panic!("{bad} was accepted"));
+        assert!(error.to_string().contains(says), "{bad}: {error}");
+    }
+}

@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::artifacts::{Artifacts, Source, Upload};
 use crate::provider::{
     Call, Method, Progress, Provider, Reply, StreamSink, Usage, no_input, params,
 };
@@ -49,6 +50,8 @@ const RESULT_FIELDS: usize = 1024;
 pub struct Files(Arc<State>);
 
 struct State {
+    /// Uploads to the runtime's storage, when the daemon makes them.
+    artifacts: Option<Artifacts>,
     /// Threads of their own for operations of a few system calls.
     quick: quick::Quick,
     /// The one inotify watcher every `file.watch` shares.
@@ -57,7 +60,14 @@ struct State {
 
 impl Files {
     pub fn new() -> Self {
+        Self::with_artifacts(None)
+    }
+
+    /// A provider whose `file.read` can hand a file to the runtime's
+    /// storage (`artifact`).
+    pub fn with_artifacts(artifacts: Option<Artifacts>) -> Self {
         Self(Arc::new(State {
+            artifacts,
             quick: quick::Quick::new(),
             hub: watch::Hub::new(),
         }))
@@ -225,6 +235,37 @@ struct ReadParams {
     /// bytes either way).
     #[serde(default = "yes")]
     sha256: bool,
+    /// Upload the bytes to the runtime's storage instead (`true`, or what
+    /// to call them); see `read_as_artifact`.
+    #[serde(default)]
+    artifact: Option<ArtifactAsk>,
+}
+
+/// `file.read`'s `artifact`: `true`, or the artifact's kind, type and
+/// metadata.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ArtifactAsk {
+    Yes(bool),
+    Described(ArtifactDescription),
+}
+
+impl ArtifactAsk {
+    fn wanted(&self) -> bool {
+        match self {
+            Self::Yes(wanted) => *wanted,
+            Self::Described(_) => true,
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ArtifactDescription {
+    kind: Option<String>,
+    mime_type: Option<String>,
+    #[serde(default)]
+    metadata: serde_json::Map<String, Value>,
 }
 
 fn yes() -> bool {
@@ -287,6 +328,14 @@ fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorB
 }
 
 async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
+    let as_artifact = call.request.method == "file.read"
+        && params::<ReadParams>(&call.request)
+            .ok()
+            .and_then(|p| p.artifact)
+            .is_some_and(|a| a.wanted());
+    if as_artifact {
+        return read_as_artifact(&files, &call).await;
+    }
     let Call {
         request,
         terms,
@@ -536,6 +585,82 @@ async fn read(
         blocking(op).await
     } else {
         files.quick(op).await
+    }
+}
+
+/// `file.read` with `artifact`: the bytes asked for (`offset`, `length`)
+/// go to the runtime's storage through [`Artifacts::upload`] and the
+/// answer says where (`artifact`), in place of `content`.
+async fn read_as_artifact(files: &Files, call: &Call) -> Result<Value, ErrorBody> {
+    let Terms::File(file) = &call.terms else {
+        return Err(unserved(&call.request.method));
+    };
+    let p: ReadParams = params(&call.request)?;
+    let described = match p.artifact {
+        Some(ArtifactAsk::Described(d)) => d,
+        _ => ArtifactDescription::default(),
+    };
+    let Some(artifacts) = files.0.artifacts.clone() else {
+        return Err(ErrorBody::new(
+            ErrorCode::CapabilityUnavailable,
+            "this gateway uploads no artifacts",
+        ));
+    };
+    let file = file.clone();
+    let (handle, size, path) = files
+        .quick(move || {
+            let root = open_root(&file)?;
+            let (handle, size) = ops::open_read(&root, &file.path)?;
+            Ok((handle, size, root.virtual_path(&file.path)))
+        })
+        .await?;
+    let offset = p.offset.min(size);
+    let length = p.length.unwrap_or(size - offset).min(size - offset);
+    let mut metadata = described.metadata;
+    metadata.insert("source".into(), json!("file.read"));
+    metadata.insert("path".into(), json!(path));
+    let upload = Upload {
+        kind: described.kind.unwrap_or_else(|| "file".into()),
+        mime_type: described
+            .mime_type
+            .unwrap_or_else(|| mime_type_of(&path).into()),
+        metadata,
+        size: length,
+        source: Source::File {
+            file: handle,
+            offset,
+        },
+    };
+    let artifact = artifacts.upload(call, upload).await?;
+    call.usage
+        .add_out(usize::try_from(length).unwrap_or(usize::MAX));
+    Ok(json!({
+        "path": path,
+        "size": size,
+        "offset": offset,
+        "length": length,
+        "eof": offset + length >= size,
+        "artifact": artifact,
+    }))
+}
+
+/// A MIME type from a file name's extension; bytes when it says nothing.
+fn mime_type_of(path: &str) -> &'static str {
+    let extension = path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    match extension.as_deref() {
+        Some("txt" | "log" | "md") => "text/plain",
+        Some("csv") => "text/csv",
+        Some("html" | "htm") => "text/html",
+        Some("json") => "application/json",
+        Some("pdf") => "application/pdf",
+        Some("png") => "image/png",
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("gif") => "image/gif",
+        Some("svg") => "image/svg+xml",
+        Some("zip") => "application/zip",
+        Some("gz") => "application/gzip",
+        Some("tar") => "application/x-tar",
+        _ => "application/octet-stream",
     }
 }
 

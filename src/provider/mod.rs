@@ -28,14 +28,16 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use portcullis_policy::{Capability, Policy, Query, Target, Terms};
+use portcullis_policy::{Capability, Denial, Policy, Query, Target, Terms};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Frame, Request, RequestId, Stream};
 use portcullis_wire::record::{Channel, ChunkRecord};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use nested::{Answer, Durable, DurableSeq, Nested, Requests};
+pub use nested::{
+    Answer, Asked, Durable, DurableSeq, Nested, RUNTIME_ANSWER_TIMEOUT, Requests, ToRuntime,
+};
 pub use resources::{EventSink, MAX_PER_SESSION, SessionResources};
 
 /// One method as its provider declares it.
@@ -139,6 +141,40 @@ pub struct Call {
     /// Bytes of JSON a result may take: the gateway's `max_frame` less
     /// room for the response around it (a result goes in parts, §3).
     pub max_result: usize,
+}
+
+/// The error of a request the audit log could not record: `provider_error`
+/// with `details.audit = "unavailable"`, and `details.ran` saying whether
+/// the request acted (its start entry was durable, its outcome could not
+/// be written) or not (refused before acting). docs/PROTOCOL.md §5.
+pub fn audit_unavailable(ran: bool, why: &str) -> ErrorBody {
+    let message = if ran {
+        format!("the request ran, but the audit log could not record its outcome ({why})")
+    } else {
+        format!(
+            "the audit log cannot write ({why}), so nothing was run; retry once it writes again"
+        )
+    };
+    ErrorBody::new(ErrorCode::ProviderError, message)
+        .with_details(serde_json::json!({"audit": "unavailable", "ran": ran}))
+}
+
+/// The error a refusal answers with.
+pub fn error_code(denial: Denial) -> ErrorCode {
+    match denial {
+        Denial::UnknownMethod => ErrorCode::UnknownMethod,
+        Denial::CapabilityUnavailable => ErrorCode::CapabilityUnavailable,
+        Denial::UnknownTool => ErrorCode::NotFound,
+        Denial::Blocked => ErrorCode::PolicyBlocked,
+        Denial::InvalidRequest => ErrorCode::InvalidRequest,
+        Denial::UnknownPrincipal
+        | Denial::PrincipalDisabled
+        | Denial::PrincipalExpired
+        | Denial::NotGranted
+        | Denial::ReadOnly
+        | Denial::BadPath
+        | Denial::UnknownRoot => ErrorCode::PermissionDenied,
+    }
 }
 
 /// Room a response's frame takes around its result (type, id, fields).

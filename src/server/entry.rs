@@ -1,11 +1,12 @@
 //! A request's audit entry: what the session (and a script, for the
 //! requests it makes) records about it when it starts and when it ends.
 
-use portcullis_policy::{Denial, Target};
+use portcullis_policy::Target;
 use portcullis_store::{Record as AuditRecord, Status};
 use serde_json::Value;
 
 use crate::provider::Usage;
+pub use crate::provider::{audit_unavailable, error_code};
 use portcullis_wire::frame::{ErrorBody, ErrorCode};
 
 /// Root, path, command or tool, as the client asked (cut to 256 characters).
@@ -26,47 +27,16 @@ pub fn describe_target(record: &mut AuditRecord, target: &Target) {
             }
         }
         Target::Tool { name } => record.tool = Some(cut(name)),
+        Target::Artifact { mime_type, size } => {
+            record.detail = Some(format!("{} bytes of {}", size, cut(mime_type)))
+        }
         Target::Script { .. } | Target::None => {}
     }
-}
-
-/// The error of a request the audit log could not record: `provider_error`
-/// with `details.audit = "unavailable"`, and `details.ran` saying whether
-/// the request acted (its start entry was durable, its outcome could not
-/// be written) or not (refused before acting). docs/PROTOCOL.md §5.
-pub fn audit_unavailable(ran: bool, why: &str) -> ErrorBody {
-    let message = if ran {
-        format!("the request ran, but the audit log could not record its outcome ({why})")
-    } else {
-        format!(
-            "the audit log cannot write ({why}), so nothing was run; retry once it writes again"
-        )
-    };
-    ErrorBody::new(ErrorCode::ProviderError, message)
-        .with_details(serde_json::json!({"audit": "unavailable", "ran": ran}))
 }
 
 /// The wire name of an error code, as an entry records it.
 pub fn code_name(code: ErrorCode) -> String {
     code.as_str().to_string()
-}
-
-/// The error a refusal answers with.
-pub fn error_code(denial: Denial) -> ErrorCode {
-    match denial {
-        Denial::UnknownMethod => ErrorCode::UnknownMethod,
-        Denial::CapabilityUnavailable => ErrorCode::CapabilityUnavailable,
-        Denial::UnknownTool => ErrorCode::NotFound,
-        Denial::Blocked => ErrorCode::PolicyBlocked,
-        Denial::InvalidRequest => ErrorCode::InvalidRequest,
-        Denial::UnknownPrincipal
-        | Denial::PrincipalDisabled
-        | Denial::PrincipalExpired
-        | Denial::NotGranted
-        | Denial::ReadOnly
-        | Denial::BadPath
-        | Denial::UnknownRoot => ErrorCode::PermissionDenied,
-    }
 }
 
 /// Fills in how a request ended: completion time, bytes, status and error
@@ -103,7 +73,7 @@ mod tests {
     /// (`policy explain` prints those).
     #[test]
     fn every_denial_answers_with_the_code_policy_names() {
-        use Denial::*;
+        use portcullis_policy::Denial::*;
         for denial in [
             UnknownMethod,
             CapabilityUnavailable,

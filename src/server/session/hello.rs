@@ -50,6 +50,12 @@ pub fn capabilities_json(policy: &Policy, granted: &Summary) -> Map<String, Valu
     if granted.resources {
         caps.insert("resources".into(), json!({"enabled": true}));
     }
+    if granted.artifacts {
+        caps.insert(
+            "artifacts".into(),
+            json!({"enabled": true, "upload": "http"}),
+        );
+    }
     caps
 }
 
@@ -61,6 +67,7 @@ pub(super) fn granted_names(granted: &Summary) -> BTreeSet<String> {
         (Capability::Tools, !granted.tools.is_empty()),
         (Capability::Scripts, granted.scripts),
         (Capability::Resources, granted.resources),
+        (Capability::Artifacts, granted.artifacts),
     ];
     for (cap, on) in caps {
         if on {

@@ -16,6 +16,7 @@ mod admission;
 mod handshake;
 mod hello;
 mod reevaluate;
+mod to_runtime;
 mod writer;
 
 use handshake::authenticate;
@@ -39,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::provider::SessionResources;
-use crate::provider::{Nested, Origin, Outbound, Outbox, OutputForm, Pause, Requests, Usage};
+use crate::provider::{Asked, Origin, Outbound, Outbox, OutputForm, Pause, Requests, Usage};
 use crate::server::peer::Peer;
 use crate::server::state::{Gateway, SessionInfo};
 use portcullis_wire::channel::{ChannelError, RecordSink, RecordSource};
@@ -53,11 +54,11 @@ use portcullis_wire::record::{self, Channel, Record, RecordError};
 const OUTBOX_CAPACITY: usize = 64;
 
 /// What the request loop hears from its requests' tasks: one has
-/// answered (its id is free again), or a running call made a request of
-/// its own.
+/// answered (its id is free again), or a running call asks something (a
+/// request of its own, or one of the runtime).
 enum Inbox {
     Done(RequestId),
-    Nested(Box<Nested>),
+    Asked(Asked),
 }
 
 type InboxSender = mpsc::UnboundedSender<Inbox>;
@@ -130,7 +131,7 @@ pub async fn run<R, W>(
     let writer_task = tokio::spawn(writer::write_loop(writer, outbox_rx, max_frame));
     let (inbox, inbox_rx) = mpsc::unbounded_channel();
     let to_inbox = inbox.clone();
-    let requests = Requests::new(move |nested| to_inbox.send(Inbox::Nested(nested)).is_ok());
+    let requests = Requests::new(move |asked| to_inbox.send(Inbox::Asked(asked)).is_ok());
     let hello = Hello {
         protocol: PROTOCOL.to_string(),
         provider_id: Some(gateway.config.provider_id.clone()),
@@ -161,6 +162,7 @@ pub async fn run<R, W>(
         output: OutputForm::Frames,
         parts: record::Assembler::new(gateway.config.limits.max_frame),
         relay_connection: None,
+        awaiting_runtime: to_runtime::AwaitingRuntime::new(),
         tools,
         granted,
         end_reason: Arc::new(OnceLock::new()),
@@ -210,6 +212,8 @@ struct Session {
     /// The runtime's id for this connection (`relay.accepted`'s
     /// `connection_id`), for audit entries.
     relay_connection: Option<String>,
+    /// Requests sent to the runtime, until it answers them.
+    awaiting_runtime: to_runtime::AwaitingRuntime,
     granted: Summary,
     /// The tool descriptors the principal was last granted, by name.
     tools: BTreeMap<String, Value>,
@@ -379,10 +383,11 @@ impl Session {
                 Ok(Some(Inbox::Done(id))) => self.finished(&id),
                 // Ending: a call's own request is dropped unanswered, and
                 // its caller hears that the session ended.
-                Ok(Some(Inbox::Nested(_))) => {}
+                Ok(Some(Inbox::Asked(_))) => {}
                 _ => break,
             }
         }
+        self.abandon_runtime_requests();
         if let Ending::Close { policy, reason } = ending {
             info!(session = self.info.id, principal = %self.principal, "closing: {reason}");
             let _ = timeout(
@@ -406,7 +411,11 @@ impl Session {
         match item {
             Inbox::Done(id) => self.finished(&id),
             // Boxed, so that an idle session's future has no room for it.
-            Inbox::Nested(nested) => Box::pin(self.handle_nested(*nested, done, draining)).await,
+            Inbox::Asked(Asked::Session(nested)) => {
+                Box::pin(self.handle_nested(*nested, done, draining)).await
+            }
+            Inbox::Asked(Asked::Runtime(asked)) => Box::pin(self.send_to_runtime(*asked)).await,
+            Inbox::Asked(Asked::RuntimeCancel { id, why }) => self.runtime_cancelled(id, why).await,
         }
     }
 
@@ -483,6 +492,7 @@ impl Session {
                 self.inputs.remove(&cancel.id);
             }
             Ok(Record::Frame(Frame::Ping(beat))) => self.send(Frame::Pong(beat)).await,
+            Ok(Record::Frame(Frame::Response(response))) => self.runtime_answered(response),
             Ok(Record::Frame(Frame::Event(event))) if event.event == "relay.accepted" => {
                 self.accept(&event.payload).await
             }

@@ -24,6 +24,10 @@ pub enum Kind {
     EgressStart,
     /// A connection through the egress proxy, when refused or closed.
     Egress,
+    /// A request the gateway sent to the runtime (`artifact.reserve`,
+    /// `artifact.complete`, `artifact.abort`), when answered;
+    /// `parent_request_id` names the request it was made for.
+    ToRuntime,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,7 +164,10 @@ impl Record {
     /// even for a method none serves: its namespace). Other kinds as they
     /// are.
     pub fn with_spec_names(mut self) -> Self {
-        if !matches!(self.kind, Kind::Request | Kind::RequestStart) {
+        if !matches!(
+            self.kind,
+            Kind::Request | Kind::RequestStart | Kind::ToRuntime
+        ) {
             return self;
         }
         self.id = self.id.or_else(|| self.request_id.clone());
