@@ -249,6 +249,7 @@ fileops = {{ main = "rw" }}
 shell = {{ commands = ["sh", "printf", "sleep", "cat", "head", "tr"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, persist = true }}
 tools = {{ allow = ["big"] }}
 artifacts = {{ mime_types = ["text/*", "application/octet-stream"], max_size = "8MiB" }}
+scripts = {{ runtime_tools = true, max_wall_time = "5s" }}
 
 [[tool]]
 name = "big"
@@ -979,5 +980,97 @@ async fn an_artifact_outside_the_grant_or_redirected_is_refused() {
     assert_eq!(
         response["error"]["code"], "capability_unavailable",
         "{response}"
+    );
+}
+
+#[tokio::test]
+async fn a_script_reaches_a_tool_the_runtime_holds() {
+    let (gw, alice) = setup();
+    let mut client = SpecClient::connect_accepting(&gw, &alice, &["scripts", "tools"]).await;
+    // `weather` is the runtime's; `big` the gateway's.
+    let source = r#"
+        let w = call_tool("weather", #{city: "Oslo"});
+        let missing = "called";
+        try { call_tool("nowhere"); } catch (e) { missing = e.code; }
+        let big = call_tool("big");
+        w.forecast + " " + missing + " " + big.len()
+    "#;
+    client
+        .send(json!({"type": "request", "id": "s1", "method": "script.run", "params": {"source": source}}))
+        .await;
+    let mut asked = Vec::new();
+    let response = loop {
+        let frame = client.recv().await;
+        match (frame["type"].as_str(), frame["method"].as_str()) {
+            (Some("request"), Some("tool.call")) => {
+                let answer = match frame["params"]["name"].as_str() {
+                    Some("weather") => {
+                        json!({"type": "response", "id": frame["id"], "result": {"forecast": "rain"}})
+                    }
+                    _ => json!({"type": "response", "id": frame["id"],
+                                "error": {"code": "not_found", "message": "no such tool"}}),
+                };
+                client.send(answer).await;
+                asked.push(frame);
+            }
+            (Some("response"), _) if frame["id"] == "s1" => break frame,
+            _ => {}
+        }
+    };
+    assert_eq!(
+        response["result"]["value"], "rain not_found 524288",
+        "{response}"
+    );
+    let names: Vec<&str> = asked
+        .iter()
+        .map(|f| f["params"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["weather", "nowhere"],
+        "the gateway's own tool stays here"
+    );
+    assert_eq!(asked[0]["params"]["arguments"], json!({"city": "Oslo"}));
+
+    // Audited as the script's own requests.
+    let entries = gw.audit_entries();
+    let to_runtime: Vec<_> = entries
+        .iter()
+        .filter(|e| e.record.kind == portcullis_store::Kind::ToRuntime)
+        .collect();
+    assert_eq!(to_runtime.len(), 2, "{to_runtime:?}");
+    assert!(
+        to_runtime
+            .iter()
+            .all(|e| e.record.parent_request_id.as_deref() == Some("s1")
+                && e.record.method.as_deref() == Some("tool.call"))
+    );
+    assert!(
+        to_runtime
+            .iter()
+            .any(|e| e.record.error_code.as_deref() == Some("not_found"))
+    );
+
+    // A runtime that does not answer holds the script no longer than its
+    // deadline, and is told to cancel.
+    client
+        .send(json!({"type": "request", "id": "s2", "method": "script.run",
+                     "params": {"source": "call_tool(\"slow\")", "limits": {"max_wall_time_ms": 1000}}}))
+        .await;
+    let (mut cancelled, started) = (false, std::time::Instant::now());
+    let response = loop {
+        let frame = client.recv().await;
+        match frame["type"].as_str() {
+            Some("cancel") => cancelled = true,
+            Some("response") if frame["id"] == "s2" => break frame,
+            _ => {}
+        }
+    };
+    assert!(cancelled, "the gateway sent no cancel for its tool.call");
+    assert!(response["error"].is_object(), "{response}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
     );
 }

@@ -573,6 +573,7 @@ fn scripts(raw: RawScripts) -> ScriptLimits {
         max_call_depth: raw.max_call_depth.unwrap_or(d.max_call_depth),
         max_tool_calls: raw.max_tool_calls.unwrap_or(d.max_tool_calls),
         max_output: raw.max_output.map_or(d.max_output, |v| v.0),
+        runtime_tools: raw.runtime_tools,
     }
 }
 

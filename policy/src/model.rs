@@ -178,6 +178,10 @@ pub struct ScriptLimits {
     pub max_call_depth: u64,
     pub max_tool_calls: u64,
     pub max_output: u64,
+    /// Whether `call_tool` may reach a tool the runtime holds (a `tool.call`
+    /// request to the runtime) when the gateway has none of that name.
+    #[serde(default)]
+    pub runtime_tools: bool,
 }
 
 impl ScriptLimits {
@@ -190,6 +194,7 @@ impl ScriptLimits {
         max_call_depth: 64,
         max_tool_calls: 1_000,
         max_output: 1 << 20,
+        runtime_tools: false,
     };
 
     /// The tighter of each limit.
@@ -203,6 +208,7 @@ impl ScriptLimits {
             max_call_depth: self.max_call_depth.min(other.max_call_depth),
             max_tool_calls: self.max_tool_calls.min(other.max_tool_calls),
             max_output: self.max_output.min(other.max_output),
+            runtime_tools: self.runtime_tools && other.runtime_tools,
         }
     }
 }

@@ -144,6 +144,8 @@ pub(crate) struct RawScripts {
     pub max_tool_calls: Option<u64>,
     #[serde(default)]
     pub max_output: Option<SizeValue>,
+    #[serde(default)]
+    pub runtime_tools: bool,
 }
 
 #[derive(Deserialize)]

@@ -225,12 +225,45 @@ impl Host {
     /// `call_tool(name, args)`: a `tool.call` request of the script's own;
     /// its value.
     fn call_tool(&self, name: &str, args: Value) -> Result<Value, ErrorBody> {
+        if self.limits.runtime_tools && self.registry.tool(name).is_err() {
+            return self.call_runtime_tool(name, args);
+        }
         let mut params = Map::new();
         params.insert("name".into(), Value::String(name.to_string()));
         params.insert("arguments".into(), args);
         // The tool's value, as the script called it (not `duration_ms`).
         self.request("tool.call", params)
             .map(|mut result| result["value"].take())
+    }
+
+    /// `call_tool` of a tool the gateway does not have, where the grant's
+    /// `runtime_tools` allows: a `tool.call` request to the runtime
+    /// (audited as the script's), its `result` the value. Bounded by the
+    /// script's deadline and cancelled with it.
+    fn call_runtime_tool(&self, name: &str, args: Value) -> Result<Value, ErrorBody> {
+        self.unsettled.settle()?;
+        let mut params = Map::new();
+        params.insert("name".into(), Value::String(name.to_string()));
+        params.insert("arguments".into(), args);
+        let cancel = self.watch.cancel.child_token();
+        let deadline = tokio::time::Instant::from_std(self.watch.deadline);
+        let (answer, timed_out) = self.handle.block_on(async {
+            let asked = self
+                .requests
+                .ask_runtime(&self.request.id, "tool.call", params, &cancel);
+            let mut asked = std::pin::pin!(asked);
+            tokio::select! {
+                answer = &mut asked => (answer, false),
+                () = tokio::time::sleep_until(deadline) => {
+                    cancel.cancel();
+                    (asked.await, true)
+                }
+            }
+        });
+        match timed_out {
+            true => Err(engine::deadline_error(&self.limits)),
+            false => answer,
+        }
     }
 
     /// A request the script makes. The session admits, audits and executes

@@ -156,6 +156,8 @@ fn requested_limits(params: &Map<String, Value>) -> Result<Option<ScriptLimits>,
         max_call_depth: u64::MAX,
         max_tool_calls: u64::MAX,
         max_output: u64::MAX,
+        // Asking never grants it: the grant's word stands.
+        runtime_tools: true,
     };
     for (key, value) in asked {
         let n = value
