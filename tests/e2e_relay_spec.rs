@@ -246,7 +246,7 @@ virtual_path = "/workspace/main"
 id = "alice"
 principals = ["alice"]
 fileops = {{ main = "rw" }}
-shell = {{ commands = ["sh", "printf", "sleep", "cat", "head", "tr"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, persist = true }}
+shell = {{ commands = ["sh", "printf", "sleep", "cat", "head", "tr"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, persist = true, approval = {{ "printf approve*" = "always_ask", "sleep 9*" = "block" }} }}
 tools = {{ allow = ["big"] }}
 artifacts = {{ mime_types = ["text/*", "application/octet-stream"], max_size = "8MiB" }}
 scripts = {{ runtime_tools = true, max_wall_time = "5s" }}
@@ -1073,4 +1073,94 @@ async fn a_script_reaches_a_tool_the_runtime_holds() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[tokio::test]
+async fn a_command_the_grant_asks_about_waits_for_the_operator_visibly() {
+    let (gw, alice) = setup();
+    let mut client = SpecClient::connect(&gw, &alice).await;
+    let params = json!({"command": ["printf", "approve-me"], "root_id": "main", "cwd": ""});
+    let (parked, _) = client
+        .call("ask_1", "shell.exec", params.clone(), |s| !s.is_empty())
+        .await;
+    // The runtime sees what waits, bound to the exact arguments.
+    let status = &parked[0];
+    assert_eq!(status["event"], "status", "{status}");
+    let view = &status["data"];
+    assert_eq!(view["state"], "awaiting_approval", "{view}");
+    assert_eq!(view["method"], "shell.exec");
+    assert_eq!(view["command"], "printf approve-me");
+    assert_eq!(view["approval_policy"], "always_ask");
+    assert_eq!(view["arguments_sha256"].as_str().unwrap().len(), 64);
+
+    // The operator sees the command and approves it.
+    let listed = gw.cli(&["approvals", "list", "--json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let pending = &listed["approvals"][0];
+    assert_eq!(pending["command"], "printf approve-me", "{listed}");
+    assert_eq!(
+        pending["arguments"]["command"],
+        json!(["printf", "approve-me"])
+    );
+    let id = pending["id"].to_string();
+    assert!(gw.cli(&["approvals", "approve", &id]).status.success());
+    let response = loop {
+        let frame = client.recv().await;
+        if frame["type"] == "response" && frame["id"] == "ask_1" {
+            break frame;
+        }
+    };
+    assert_eq!(response["result"]["exit_code"], 0, "{response}");
+    assert_eq!(response["result"]["stdout"], "approve-me");
+    let entries = gw.audit_entries();
+    let entry = entries
+        .iter()
+        .find(|e| e.record.request_id.as_deref() == Some("ask_1") && e.record.status.is_some())
+        .expect("the command's entry");
+    assert_eq!(
+        entry.record.policy_decision,
+        Some(portcullis_store::Decision::Approved)
+    );
+    assert!(
+        entry
+            .record
+            .rule
+            .as_deref()
+            .unwrap()
+            .contains("printf approve*"),
+        "{entry:?}"
+    );
+
+    // always_ask: the same command asks again (and is denied this time);
+    // another command is not asked about; a blocked one never runs.
+    let (parked, _) = client
+        .call("ask_2", "shell.exec", params, |s| !s.is_empty())
+        .await;
+    assert_eq!(parked[0]["data"]["state"], "awaiting_approval");
+    let listed: Value =
+        serde_json::from_slice(&gw.cli(&["approvals", "list", "--json"]).stdout).unwrap();
+    let id = listed["approvals"][0]["id"].to_string();
+    assert!(gw.cli(&["approvals", "deny", &id]).status.success());
+    let response = loop {
+        let frame = client.recv().await;
+        if frame["type"] == "response" && frame["id"] == "ask_2" {
+            break frame;
+        }
+    };
+    assert_eq!(response["error"]["code"], "approval_required", "{response}");
+    assert!(
+        response["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("command `printf approve-me`")
+    );
+    let free = json!({"command": ["printf", "free"], "root_id": "main", "cwd": ""});
+    let (_, response) = client.call("free", "shell.exec", free, |_| false).await;
+    assert_eq!(response.unwrap()["result"]["stdout"], "free");
+    let blocked = json!({"command": ["sleep", "99"], "root_id": "main", "cwd": ""});
+    let (_, response) = client
+        .call("blocked", "shell.exec", blocked, |_| false)
+        .await;
+    let response = response.unwrap();
+    assert_eq!(response["error"]["code"], "policy_blocked", "{response}");
 }

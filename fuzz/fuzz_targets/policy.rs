@@ -68,6 +68,7 @@ fuzz_target!(|data: &[u8]| {
                 }
                 let target = Target::Command {
                     program: "sh".into(),
+                    args: vec![],
                     cwd: None,
                     env: vec![],
                     pty: true,

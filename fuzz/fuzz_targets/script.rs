@@ -21,6 +21,7 @@ const LIMITS: ScriptLimits = ScriptLimits {
     max_call_depth: 16,
     max_tool_calls: 0,
     max_output: 4096,
+    runtime_tools: false,
 };
 
 fn within_limits(value: &Value) {

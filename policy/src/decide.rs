@@ -69,6 +69,9 @@ pub enum Target {
     /// is checked.
     Command {
         program: String,
+        /// The arguments after the program (what a command approval
+        /// pattern is matched against, with the program).
+        args: Vec<String>,
         cwd: Option<(String, String)>,
         env: Vec<(String, String)>,
         pty: bool,
@@ -593,6 +596,7 @@ fn shell(policy: &Policy, grants: &[&Grant], principal: &str, command: &Target) 
     let cap = Some(Capability::Shell);
     let Target::Command {
         program,
+        args,
         cwd,
         env,
         pty,
@@ -688,17 +692,66 @@ fn shell(policy: &Policy, grants: &[&Grant], principal: &str, command: &Target) 
             survive_revocation: shell.survive_revocation,
             roots,
         };
-        return allow(
-            cap,
-            &g.id,
-            format!("grant `{}` allows command `{program}`", g.id),
-            Terms::Shell(terms),
-        );
+        let allowed = format!("grant `{}` allows command `{program}`", g.id);
+        let resolved = terms
+            .program
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned());
+        let (approval, rule) =
+            command_approval(grants, program, resolved.as_deref(), args, allowed);
+        let verdict = match approval {
+            ApprovalPolicy::Allow => Verdict::Allow,
+            ApprovalPolicy::Block => Verdict::Deny(Denial::Blocked),
+            other => Verdict::RequireApproval(other),
+        };
+        return Decision {
+            verdict,
+            rule,
+            grant: Some(g.id.clone()),
+            capability: cap,
+            terms: Terms::Shell(terms),
+        };
     }
     match last_refusal {
         Some((denial, rule)) => Decision::deny(denial, cap, rule),
         None => not_granted(cap, principal, "shell"),
     }
+}
+
+/// The strictest approval any shell grant's `approval` patterns give this
+/// command line (`program arg …`, and the same with the resolved program),
+/// and the rule that says so.
+fn command_approval(
+    grants: &[&Grant],
+    program: &str,
+    resolved: Option<&str>,
+    args: &[String],
+    allowed: String,
+) -> (ApprovalPolicy, String) {
+    let line = |program: &str| {
+        std::iter::once(program)
+            .chain(args.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let lines = [Some(line(program)), resolved.map(line)];
+    let (mut approval, mut rule) = (ApprovalPolicy::Allow, allowed);
+    for g in grants {
+        let Some(shell) = &g.shell else { continue };
+        for ((pattern, policy), matcher) in shell.approval.iter().zip(&shell.approval_matchers) {
+            let matches = lines.iter().flatten().any(|l| matcher.is_match(l));
+            if *policy > approval && matches {
+                approval = *policy;
+                rule = format!(
+                    "{}; grant `{}` makes it {} (`{pattern}`)",
+                    rule.split("; grant").next().unwrap_or_default(),
+                    g.id,
+                    policy.as_str()
+                );
+            }
+        }
+    }
+    (approval, rule)
 }
 
 fn tool(policy: &Policy, grants: &[&Grant], principal: &str, name: &str) -> Decision {

@@ -366,6 +366,14 @@ impl Validator<'_> {
             }
             pids.into_inner()
         });
+        let mut approval = Vec::new();
+        let mut approval_matchers = Vec::new();
+        for (pattern, policy) in raw.approval {
+            if let Some(glob) = self.glob_of("command", grant, &pattern, false) {
+                approval_matchers.push(glob.compile_matcher());
+                approval.push((pattern.into_inner(), policy));
+            }
+        }
         let survive_revocation = raw.survive_revocation.map(|s| {
             if *s.get_ref() && !raw.persist {
                 self.error(
@@ -415,6 +423,8 @@ impl Validator<'_> {
             },
             sandbox: raw.sandbox,
             survive_revocation: survive_revocation.unwrap_or(false),
+            approval,
+            approval_matchers,
         }
     }
 
@@ -472,8 +482,20 @@ impl Validator<'_> {
     }
 
     fn glob(&mut self, grant: &str, pattern: &Spanned<String>) -> Option<globset::Glob> {
+        self.glob_of("tool", grant, pattern, true)
+    }
+
+    /// A glob of a grant's; `*` crosses `/` unless `separated` (tool
+    /// names keep it; a command line's arguments are paths).
+    fn glob_of(
+        &mut self,
+        what: &str,
+        grant: &str,
+        pattern: &Spanned<String>,
+        separated: bool,
+    ) -> Option<globset::Glob> {
         match globset::GlobBuilder::new(pattern.get_ref())
-            .literal_separator(true)
+            .literal_separator(separated)
             .build()
         {
             Ok(glob) => Some(glob),
@@ -481,7 +503,7 @@ impl Validator<'_> {
                 self.error(
                     pattern.span(),
                     format!(
-                        "grant `{grant}`: tool pattern `{}`: {}",
+                        "grant `{grant}`: {what} pattern `{}`: {}",
                         pattern.get_ref(),
                         e.kind()
                     ),

@@ -87,6 +87,10 @@ pub struct ShellGrant {
     /// Whether a process keeps running when its grant is revoked (by a
     /// reload or an expiry); by default it is killed.
     pub survive_revocation: bool,
+    /// Command-line glob → the approval a matching command needs (the
+    /// strictest match wins, as for tools).
+    pub approval: Vec<(String, ApprovalPolicy)>,
+    pub(crate) approval_matchers: Vec<globset::GlobMatcher>,
 }
 
 /// When the host lacks a confinement mechanism a command needs (Landlock;

@@ -114,6 +114,9 @@ pub(crate) struct RawShell {
     pub sandbox: SandboxMode,
     #[serde(default)]
     pub survive_revocation: Option<Spanned<bool>>,
+    /// Command-line glob → the approval a matching command needs.
+    #[serde(default)]
+    pub approval: BTreeMap<Spanned<String>, ApprovalPolicy>,
 }
 
 #[derive(Deserialize)]

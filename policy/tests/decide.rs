@@ -41,6 +41,7 @@ fn command(program: &str, cwd: Option<(&str, &str)>, pty: bool) -> Target {
     let cwd = cwd.map(|(root, path)| (root.to_string(), path.to_string()));
     Target::Command {
         program: program.into(),
+        args: vec![],
         cwd,
         env: vec![],
         pty,
@@ -318,6 +319,7 @@ shell = { commands = ["/usr/bin/git", "sh", "evil"], env_set = { PATH = "/usr/bi
     let resolved = |program: &str, lookup: bool| {
         let target = Target::Command {
             program: program.into(),
+            args: vec![],
             cwd: None,
             env: vec![],
             pty: false,
@@ -426,6 +428,7 @@ shell = { commands = ["*"], pty = true, network = "allow" }
     ];
     let target = Target::Command {
         program: "git".into(),
+        args: vec![],
         cwd: Some(("main".into(), "src".into())),
         env: request_env,
         pty: false,
@@ -969,4 +972,54 @@ fn artifacts_grants_name_mime_patterns() {
             .unwrap_or_else(|| panic!("{bad} was accepted"));
         assert!(error.to_string().contains(says), "{bad}: {error}");
     }
+}
+
+#[test]
+fn a_command_approval_pattern_sees_the_whole_command_line() {
+    let p = with_grants(
+        r#"
+[[grant]]
+id = "dev"
+principals = ["alice"]
+shell = { commands = ["rm", "git", "ls"], approval = { "rm *" = "ask_once", "git push*" = "always_ask", "rm -rf /*" = "block" } }
+
+[[grant]]
+id = "stricter"
+principals = ["alice"]
+shell = { commands = ["git"], approval = { "git push --force*" = "block" } }
+"#,
+    );
+    let line = |words: &[&str]| {
+        let target = Target::Command {
+            program: words[0].into(),
+            args: words[1..].iter().map(|w| w.to_string()).collect(),
+            cwd: None,
+            env: vec![],
+            pty: false,
+            lookup: None,
+        };
+        decide(&p, "alice", &query("shell.exec", target), now())
+    };
+    assert_eq!(line(&["ls", "-l"]).verdict, Verdict::Allow);
+    assert_eq!(line(&["git", "status"]).verdict, Verdict::Allow);
+    // `*` crosses `/`: arguments are paths.
+    let rm = line(&["rm", "build/out.o"]);
+    assert_eq!(
+        rm.verdict,
+        Verdict::RequireApproval(ApprovalPolicy::AskOnce)
+    );
+    assert!(rm.rule.contains("`rm *`"), "{}", rm.rule);
+    assert_eq!(
+        line(&["git", "push", "origin"]).verdict,
+        Verdict::RequireApproval(ApprovalPolicy::AlwaysAsk)
+    );
+    // The strictest match of every grant wins.
+    assert_eq!(
+        line(&["rm", "-rf", "/home"]).verdict,
+        Verdict::Deny(Denial::Blocked)
+    );
+    assert_eq!(
+        line(&["git", "push", "--force", "x"]).verdict,
+        Verdict::Deny(Denial::Blocked)
+    );
 }

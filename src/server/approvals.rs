@@ -1,10 +1,12 @@
-//! Tool calls that wait for an operator. A call whose approval policy is
+//! Tool calls and commands that wait for an operator. A call whose
+//! approval policy (the tool's, or a shell grant's command pattern) is
 //! `ask_once`, `ask_once_per_run` or `always_ask` is parked here (its
 //! request simply has not answered yet) until an operator approves or
 //! denies it through the admin socket (`portcullis approvals …`), the
 //! wait times out, or the request is cancelled. `ask_once` approvals are
-//! remembered per principal and tool, `ask_once_per_run` per principal,
-//! tool and the request context's `run_id`, in the store.
+//! remembered per principal and tool (or exact command line),
+//! `ask_once_per_run` per those and the request context's `run_id`, in
+//! the store.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -46,7 +48,13 @@ enum Answer {
 /// caller's).
 pub struct Ask {
     principal: String,
-    tool: String,
+    method: String,
+    /// The tool's name; `None` for a command.
+    tool: Option<String>,
+    /// A command's line (program and arguments, space-separated).
+    command: Option<String>,
+    /// What the approval is bound to: the tool's arguments, or the
+    /// command's whole params (argv, cwd, env, …).
     arguments: Value,
     request_id: String,
     run_id: Option<String>,
@@ -56,20 +64,35 @@ pub struct Ask {
 }
 
 impl Ask {
-    /// The approval a `tool.call` request of `principal` needs.
+    /// The approval a `tool.call`, `shell.exec` or `shell.start` request
+    /// of `principal` needs.
     pub fn for_request(principal: &str, request: &Request, policy: ApprovalPolicy) -> Self {
         let params = &request.params;
+        let is_tool = request.method == "tool.call";
+        let command = params.get("command").and_then(Value::as_array).map(|argv| {
+            argv.iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
         Self {
             principal: principal.to_string(),
-            tool: params
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            arguments: params
-                .get("arguments")
-                .cloned()
-                .unwrap_or_else(|| json!({})),
+            method: request.method.clone(),
+            tool: is_tool.then(|| {
+                params
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            }),
+            command: command.filter(|_| !is_tool),
+            arguments: match is_tool {
+                true => params
+                    .get("arguments")
+                    .cloned()
+                    .unwrap_or_else(|| json!({})),
+                false => Value::Object(params.clone()),
+            },
             request_id: request.id.to_string(),
             run_id: request.context.as_ref().and_then(|c| c.run_id.clone()),
             policy,
@@ -136,12 +159,23 @@ impl Approvals {
         cancel: &CancellationToken,
         shown: &Onlookers,
     ) -> Result<String, ErrorBody> {
-        let (principal, tool) = (ask.principal.as_str(), ask.tool.as_str());
-        let key: Option<Vec<&str>> = match ask.policy {
-            ApprovalPolicy::AskOnce => Some(vec![principal, tool]),
-            ApprovalPolicy::AskOncePerRun => {
-                ask.run_id.as_deref().map(|run| vec![principal, tool, run])
+        let principal = ask.principal.as_str();
+        // What the approval is of, in words and as its remembered key: a
+        // tool by name (as before commands had approvals), a command by
+        // its exact line.
+        let (what, subject) = match (&ask.tool, &ask.command) {
+            (Some(tool), _) => (format!("call of tool `{tool}`"), tool.clone()),
+            (None, line) => {
+                let line = line.clone().unwrap_or_default();
+                (format!("command `{line}`"), format!("command: {line}"))
             }
+        };
+        let key: Option<Vec<&str>> = match ask.policy {
+            ApprovalPolicy::AskOnce => Some(vec![principal, &subject]),
+            ApprovalPolicy::AskOncePerRun => ask
+                .run_id
+                .as_deref()
+                .map(|run| vec![principal, &subject, run]),
             _ => None,
         };
         if let (Some(key), Some(remembered)) = (&key, &self.remembered)
@@ -162,7 +196,9 @@ impl Approvals {
             let shown = json!({
                 "id": id,
                 "principal": ask.principal,
+                "method": ask.method,
                 "tool": ask.tool,
+                "command": ask.command,
                 "arguments": ask.arguments,
                 "request_id": ask.request_id,
                 "run_id": ask.run_id,
@@ -175,8 +211,7 @@ impl Approvals {
         tracing::info!(
             approval = id,
             principal,
-            tool,
-            "waiting for an operator's approval (portcullis approvals)"
+            "{what} is waiting for an operator's approval (portcullis approvals)"
         );
         // The runtime sees the approval (not its arguments: their digest,
         // so a changed argument is visibly another approval) and may
@@ -185,8 +220,9 @@ impl Approvals {
         let parked = json!({
             "state": "awaiting_approval",
             "approval_id": id,
-            "method": "tool.call",
+            "method": ask.method,
             "tool": ask.tool,
+            "command": ask.command,
             "arguments_sha256": digest,
             "risk": ask.risk,
             "approval_policy": ask.policy.as_str(),
@@ -222,13 +258,12 @@ impl Approvals {
             }
             Some(Answer::Denied(by)) => Err(ErrorBody::new(
                 ErrorCode::ApprovalRequired,
-                format!("the operator ({by}) denied this call of tool `{}`", tool),
+                format!("the operator ({by}) denied this {what}"),
             )),
             None => Err(ErrorBody::new(
                 ErrorCode::ApprovalRequired,
                 format!(
-                    "no operator approved this call of tool `{}` within {} s",
-                    tool,
+                    "no operator approved this {what} within {} s",
                     timeout.as_secs()
                 ),
             )),

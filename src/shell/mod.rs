@@ -121,11 +121,14 @@ const fn acts_on_a_process(name: &'static str) -> Method {
 fn command_target(request: &Request) -> Result<Target, ErrorBody> {
     let p = &request.params;
     let invalid = provider_params::invalid;
-    let program = match p.get("command") {
-        Some(Value::Array(argv)) => match argv.first() {
-            Some(Value::String(program)) => program.clone(),
-            _ => return Err(invalid("`command` must be a non-empty array of strings")),
-        },
+    let (program, args) = match p.get("command") {
+        Some(Value::Array(argv)) => {
+            let mut words = argv.iter().map(|w| w.as_str().map(str::to_string));
+            match (words.next(), words.collect::<Option<Vec<_>>>()) {
+                (Some(Some(program)), Some(args)) => (program, args),
+                _ => return Err(invalid("`command` must be a non-empty array of strings")),
+            }
+        }
         _ => {
             return Err(invalid(
                 "`command` (an array of strings: program and arguments) is required",
@@ -153,6 +156,7 @@ fn command_target(request: &Request) -> Result<Target, ErrorBody> {
     let pty = matches!(p.get("pty"), Some(Value::Bool(true)));
     Ok(Target::Command {
         program,
+        args,
         cwd,
         env,
         pty,
