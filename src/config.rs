@@ -110,6 +110,10 @@ pub struct Limits {
     /// result larger than one record. `"16 MiB"` or bytes.
     #[serde(deserialize_with = "size")]
     pub max_frame: usize,
+    /// Bytes that frames arriving in parts may hold, every session
+    /// together: memory a crowd of peers sending large frames can take.
+    #[serde(deserialize_with = "size")]
+    pub max_frames_in_parts: usize,
 }
 
 impl Default for Limits {
@@ -123,6 +127,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
             max_frame: portcullis_wire::record::DEFAULT_MAX_FRAME,
+            max_frames_in_parts: 256 << 20,
         }
     }
 }
@@ -235,6 +240,12 @@ impl Config {
         if l.max_frame < portcullis_wire::record::MAX_RECORD_LEN {
             return Err(value_error(
                 "`[limits] max_frame` must be at least 64 KiB (one record), e.g. \"16 MiB\"",
+            ));
+        }
+        if l.max_frames_in_parts < l.max_frame {
+            return Err(value_error(
+                "`[limits] max_frames_in_parts` must be at least `max_frame` (one whole frame), \
+                 e.g. \"256 MiB\"",
             ));
         }
         // Either would prune the whole audit log every minute: surely a

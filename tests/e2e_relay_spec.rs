@@ -1164,3 +1164,98 @@ async fn a_command_the_grant_asks_about_waits_for_the_operator_visibly() {
     let response = response.unwrap();
     assert_eq!(response["error"]["code"], "policy_blocked", "{response}");
 }
+
+/// A frame's JSON as part records of at most 60,000 bytes each.
+fn in_parts(frame: &Value) -> Vec<Vec<u8>> {
+    let json = serde_json::to_vec(frame).unwrap();
+    let pieces: Vec<&[u8]> = json.chunks(60_000).collect();
+    pieces
+        .iter()
+        .enumerate()
+        .map(|(i, piece)| {
+            let mut record = vec![0x03, u8::from(i + 1 == pieces.len())];
+            record.extend_from_slice(piece);
+            record
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn frames_in_parts_share_one_bound_across_sessions() {
+    let (gw, alice) =
+        setup_with("[limits]\nmax_frame = \"1 MiB\"\nmax_frames_in_parts = \"1 MiB\"");
+    let write = |id: &str, path: &str| {
+        json!({"type": "request", "id": id, "method": "file.write",
+               "params": {"root_id": "main", "path": path, "content": "w".repeat(700_000)}})
+    };
+    // One session holds most of the bound with a frame not yet whole.
+    let mut first = SpecClient::connect(&gw, &alice).await;
+    let first_parts = in_parts(&write("w1", "one.txt"));
+    let (last, held) = first_parts.split_last().unwrap();
+    for record in held {
+        first.send_record(record).await;
+    }
+    first.send(json!({"type": "ping", "id": "sync"})).await;
+    assert_eq!(first.recv().await["type"], "pong");
+
+    // Another's frame, within its own max_frame, does not fit beside it:
+    // refused as the gateway's shortage, and the session goes on.
+    let mut second = SpecClient::connect(&gw, &alice).await;
+    for record in in_parts(&write("w2", "two.txt")) {
+        second.send_record(&record).await;
+    }
+    let error = second.recv().await;
+    assert_eq!(error["event"], "relay.error", "{error}");
+    assert_eq!(error["payload"]["code"], "provider_error", "{error}");
+    assert!(
+        error["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1048576"),
+        "{error}"
+    );
+    assert!(!gw.dir.join("workspace/two.txt").exists());
+
+    // The first frame completes; once it is whole the room is back.
+    first.send_record(last).await;
+    let done = first.recv().await;
+    assert_eq!(
+        (done["id"].as_str(), done["result"].is_object()),
+        (Some("w1"), true),
+        "{done}"
+    );
+    for record in in_parts(&write("w3", "three.txt")) {
+        second.send_record(&record).await;
+    }
+    let done = second.recv().await;
+    assert_eq!(
+        (done["id"].as_str(), done["result"].is_object()),
+        (Some("w3"), true),
+        "{done}"
+    );
+
+    // A session that leaves with a frame half sent gives its room back.
+    let mut leaving = SpecClient::connect(&gw, &alice).await;
+    for record in &in_parts(&write("w4", "four.txt"))[..5] {
+        leaving.send_record(record).await;
+    }
+    leaving.send(json!({"type": "ping", "id": "sync"})).await;
+    assert_eq!(leaving.recv().await["type"], "pong");
+    drop(leaving);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        for record in in_parts(&write("w5", "five.txt")) {
+            second.send_record(&record).await;
+        }
+        let answer = second.recv().await;
+        if answer["id"] == "w5" {
+            assert!(answer["result"].is_object(), "{answer}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the room never came back: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

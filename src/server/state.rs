@@ -40,6 +40,9 @@ pub struct Gateway {
     /// Tool calls waiting for an operator.
     pub approvals: Approvals,
     pub metrics: crate::server::metrics::Metrics,
+    /// What frames arriving in parts may hold, all sessions together
+    /// (`[limits] max_frames_in_parts`).
+    pub parts: portcullis_wire::record::PartsBudget,
 }
 
 impl Gateway {
@@ -59,7 +62,9 @@ impl Gateway {
             Err(_) => Pause::Off,
         };
         let connections = Arc::new(Semaphore::new(config.limits.max_connections));
+        let parts = portcullis_wire::record::PartsBudget::new(config.limits.max_frames_in_parts);
         Self {
+            parts,
             config,
             key,
             instance_id,

@@ -15,6 +15,9 @@
 //! Pure: bytes in, typed values out. A record is at most
 //! [`MAX_RECORD_LEN`] bytes, the plaintext that fits one Noise message.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use thiserror::Error;
 
 use crate::frame::{self, Frame, FrameError, RequestId};
@@ -103,6 +106,11 @@ pub enum RecordError {
     PartFlag(u8),
     #[error("a frame in parts is larger than {limit} bytes, the most this side takes")]
     PartsTooLarge { limit: usize },
+    #[error(
+        "frames arriving in parts already hold {budget} bytes on this side, its bound for them \
+         all; send this frame again later"
+    )]
+    PartsBudgetSpent { budget: usize },
     #[error("{0}")]
     Frame(#[from] FrameError),
 }
@@ -193,14 +201,59 @@ pub fn encode_frame_records(frame: &Frame, max: usize) -> Result<Vec<Vec<u8>>, R
         .collect())
 }
 
+/// Bytes that every [`Assembler`] sharing it may hold together: one side's
+/// bound on frames in parts across all its connections (each is bounded
+/// by its own `limit` too). Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct PartsBudget {
+    held: Arc<AtomicUsize>,
+    budget: usize,
+}
+
+impl PartsBudget {
+    pub fn new(budget: usize) -> Self {
+        Self {
+            held: Arc::new(AtomicUsize::new(0)),
+            budget,
+        }
+    }
+
+    /// Bytes held now, by every assembler sharing it.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    fn take(&self, n: usize) -> bool {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|&after| after <= self.budget)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// Why a frame in parts is being dropped as its parts come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dropping {
+    No,
+    TooLarge,
+    BudgetSpent,
+}
+
 /// Joins the parts of a frame sent in parts, holding at most `limit`
-/// bytes: past it the rest is dropped as it comes, and the last part
-/// reports [`RecordError::PartsTooLarge`].
+/// bytes (and, with a [`PartsBudget`], no more than it has left): past
+/// either the rest is dropped as it comes, and the last part reports
+/// [`RecordError::PartsTooLarge`] or [`RecordError::PartsBudgetSpent`].
 #[derive(Debug)]
 pub struct Assembler {
     json: Vec<u8>,
     limit: usize,
-    overflowed: bool,
+    dropping: Dropping,
+    budget: Option<PartsBudget>,
 }
 
 impl Assembler {
@@ -208,17 +261,32 @@ impl Assembler {
         Self {
             json: Vec::new(),
             limit,
-            overflowed: false,
+            dropping: Dropping::No,
+            budget: None,
+        }
+    }
+
+    /// An assembler whose bytes count against `budget` too.
+    pub fn sharing(limit: usize, budget: PartsBudget) -> Self {
+        Self {
+            json: Vec::new(),
+            limit,
+            dropping: Dropping::No,
+            budget: Some(budget),
         }
     }
 
     /// Takes a part; after the last, the whole frame's JSON (decode it with
     /// [`frame::decode_frame`]) or why there is none.
     pub fn push(&mut self, part: Part<'_>) -> Option<Result<Vec<u8>, RecordError>> {
-        if !self.overflowed {
-            if self.json.len() + part.json.len() > self.limit {
-                self.overflowed = true;
-                self.json = Vec::new();
+        if self.dropping == Dropping::No {
+            let n = part.json.len();
+            if self.json.len() + n > self.limit {
+                self.dropping = Dropping::TooLarge;
+                self.release();
+            } else if self.budget.as_ref().is_some_and(|b| !b.take(n)) {
+                self.dropping = Dropping::BudgetSpent;
+                self.release();
             } else {
                 self.json.extend_from_slice(part.json);
             }
@@ -226,12 +294,32 @@ impl Assembler {
         if !part.last {
             return None;
         }
-        let overflowed = std::mem::take(&mut self.overflowed);
+        let dropping = std::mem::replace(&mut self.dropping, Dropping::No);
         let json = std::mem::take(&mut self.json);
-        Some(match overflowed {
-            true => Err(RecordError::PartsTooLarge { limit: self.limit }),
-            false => Ok(json),
+        if let Some(budget) = &self.budget {
+            budget.give(json.len());
+        }
+        Some(match dropping {
+            Dropping::No => Ok(json),
+            Dropping::TooLarge => Err(RecordError::PartsTooLarge { limit: self.limit }),
+            Dropping::BudgetSpent => Err(RecordError::PartsBudgetSpent {
+                budget: self.budget.as_ref().map_or(0, |b| b.budget),
+            }),
         })
+    }
+
+    /// Drops what is held, and gives it back to the budget.
+    fn release(&mut self) {
+        if let Some(budget) = &self.budget {
+            budget.give(self.json.len());
+        }
+        self.json = Vec::new();
+    }
+}
+
+impl Drop for Assembler {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -407,6 +495,57 @@ mod tests {
                 Ok(small)
             ]
         );
+    }
+
+    #[test]
+    fn assemblers_sharing_a_budget_hold_no_more_than_it_together() {
+        let big = big_response(300_000);
+        let records = encode_frame_records(&big, DEFAULT_MAX_FRAME).unwrap();
+        let parts = |records: &[Vec<u8>]| -> Vec<Part<'static>> {
+            records
+                .iter()
+                .map(|r| match decode(Box::leak(r.clone().into_boxed_slice())) {
+                    Ok(Record::Part(part)) => part,
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        let budget = PartsBudget::new(500_000);
+        let (mut a, mut b) = (
+            Assembler::sharing(DEFAULT_MAX_FRAME, budget.clone()),
+            Assembler::sharing(DEFAULT_MAX_FRAME, budget.clone()),
+        );
+        let (pa, pb) = (parts(&records), parts(&records));
+        let (last_a, last_b) = (pa.len() - 1, pb.len() - 1);
+        // Both half-way: a holds its frame but the last part; b runs out.
+        for part in &pa[..last_a] {
+            assert!(a.push(*part).is_none());
+        }
+        for part in &pb[..last_b] {
+            assert!(b.push(*part).is_none());
+        }
+        assert!(budget.held() <= 500_000, "{}", budget.held());
+        assert_eq!(
+            b.push(pb[last_b]),
+            Some(Err(RecordError::PartsBudgetSpent { budget: 500_000 }))
+        );
+        let whole = |got: Option<Result<Vec<u8>, RecordError>>| {
+            frame::decode_frame(&got.unwrap().unwrap()).unwrap()
+        };
+        assert_eq!(whole(a.push(pa[last_a])), big);
+        // Everything given back: the next frame fits again.
+        assert_eq!(budget.held(), 0);
+        for part in &pb {
+            if let Some(done) = b.push(*part) {
+                assert_eq!(whole(Some(done)), big);
+            }
+        }
+        // An assembler dropped midway gives back what it held.
+        let mut c = Assembler::sharing(DEFAULT_MAX_FRAME, budget.clone());
+        assert!(c.push(pa[0]).is_none());
+        assert!(budget.held() > 0);
+        drop(c);
+        assert_eq!(budget.held(), 0);
     }
 
     #[test]

@@ -160,7 +160,7 @@ pub async fn run<R, W>(
         inputs: HashMap::new(),
         accepted: None,
         output: OutputForm::Frames,
-        parts: record::Assembler::new(gateway.config.limits.max_frame),
+        parts: record::Assembler::sharing(gateway.config.limits.max_frame, gateway.parts.clone()),
         relay_connection: None,
         awaiting_runtime: to_runtime::AwaitingRuntime::new(),
         tools,
@@ -515,14 +515,20 @@ impl Session {
                     detail: Some(e.to_string().chars().take(300).collect()),
                     ..AuditRecord::default()
                 };
-                self.record_refusal(record, ErrorCode::InvalidRequest).await;
+                // Short of room for frames in parts is the gateway's
+                // state, not the peer's mistake.
+                let code = match e {
+                    RecordError::PartsBudgetSpent { .. } => ErrorCode::ProviderError,
+                    _ => ErrorCode::InvalidRequest,
+                };
+                self.record_refusal(record, code).await;
                 match salvaged {
                     Some(id) if matches!(e, RecordError::Frame(_)) => {
                         self.respond_error(id, ErrorCode::InvalidRequest, e.to_string())
                             .await;
                     }
                     _ => {
-                        let payload = json!({"code": "invalid_request", "message": e.to_string()});
+                        let payload = json!({"code": code.as_str(), "message": e.to_string()});
                         self.event("relay.error", payload).await;
                     }
                 }
