@@ -1259,3 +1259,143 @@ async fn frames_in_parts_share_one_bound_across_sessions() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test]
+async fn resources_are_created_exported_and_restored_in_another_session() {
+    let (gw, alice) = setup();
+    std::fs::create_dir_all(gw.dir.join("workspace/src")).unwrap();
+    let mut client =
+        SpecClient::connect_accepting(&gw, &alice, &["fileops", "shell", "resources"]).await;
+    let (_, made) = client
+        .call(
+            "c1",
+            "resource.create",
+            json!({"kind": "watch", "params": {"root_id": "main", "path": "src"}}),
+            |_| false,
+        )
+        .await;
+    let made = made.unwrap();
+    let watch = made["result"]["id"]
+        .as_str()
+        .expect("a watch id")
+        .to_string();
+    assert_eq!(made["result"]["kind"], "watch", "{made}");
+    let (_, refused) = client
+        .call(
+            "c2",
+            "resource.create",
+            json!({"kind": "process", "params": {}}),
+            |_| false,
+        )
+        .await;
+    assert_eq!(refused.unwrap()["error"]["code"], "invalid_request");
+    // A persistent process that will still run, and one that exits.
+    let start = |cmd: &[&str]| json!({"command": cmd, "root_id": "main", "cwd": ""});
+    let (_, long) = client
+        .call("p1", "shell.start", start(&["sleep", "30"]), |s| {
+            !s.is_empty()
+        })
+        .await;
+    assert!(long.is_none());
+    let (_, short) = client
+        .call("p2", "shell.start", start(&["printf", "x"]), |_| false)
+        .await;
+    assert!(short.unwrap()["result"].is_object(), "printf ran to its end");
+    let (_, exported) = client
+        .call("e1", "resource.export_state", json!({}), |_| false)
+        .await;
+    let state = exported.unwrap()["result"]["state"].clone();
+    let kinds: Vec<&str> = state["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "watch").count(),
+        1,
+        "{state}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "process").count(),
+        2,
+        "{state}"
+    );
+    let processes: Vec<Value> = state["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "process")
+        .cloned()
+        .collect();
+    let running = processes
+        .iter()
+        .find(|p| p["state"] == "running")
+        .expect("sleep runs")["id"]
+        .clone();
+    drop(client);
+
+    // Another session restores it: the watch made again (a new entry of
+    // its own), the running process kept, the exited one reported lost.
+    let mut again =
+        SpecClient::connect_accepting(&gw, &alice, &["fileops", "shell", "resources"]).await;
+    let (_, restored) = again
+        .call(
+            "r1",
+            "resource.restore_state",
+            json!({"state": state}),
+            |_| false,
+        )
+        .await;
+    let result = restored.unwrap()["result"].clone();
+    let restored_list = result["restored"].as_array().unwrap();
+    let watch_again = restored_list
+        .iter()
+        .find(|r| r["kind"] == "watch")
+        .expect("the watch, again");
+    assert_eq!(watch_again["previous_id"], watch.as_str());
+    assert!(
+        restored_list
+            .iter()
+            .any(|r| r["kind"] == "process" && r["id"] == running && r["kept"] == true),
+        "{result}"
+    );
+    let lost = result["lost"].as_array().unwrap();
+    assert_eq!(lost.len(), 1, "{result}");
+    assert!(
+        lost[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not restarted"),
+        "{result}"
+    );
+    // The watch works: a change in src is announced to this session.
+    std::fs::write(gw.dir.join("workspace/src/new.txt"), "x").unwrap();
+    loop {
+        let frame = again.recv().await;
+        if frame["type"] == "event" && frame["event"] == "file.changed" {
+            break;
+        }
+    }
+    // Each watch made through file.watch, audited as the call's own.
+    let entries = gw.audit_entries();
+    for parent in ["c1", "r1"] {
+        assert!(
+            entries
+                .iter()
+                .any(|e| e.record.method.as_deref() == Some("file.watch")
+                    && e.record.parent_request_id.as_deref() == Some(parent)),
+            "no file.watch entry under {parent}"
+        );
+    }
+    // A state that is not one is refused.
+    let (_, bad) = again
+        .call(
+            "r2",
+            "resource.restore_state",
+            json!({"state": {"version": 9}}),
+            |_| false,
+        )
+        .await;
+    assert_eq!(bad.unwrap()["error"]["code"], "invalid_request");
+}

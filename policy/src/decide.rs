@@ -139,7 +139,12 @@ fn classify(method: &str) -> Result<(Capability, Option<Access>), Denial> {
         | "shell.cancel" | "shell.status" | "shell.list" | "shell.attach" => (Shell, None),
         "tool.list" | "tool.call" | "tool.cancel" => (Tools, None),
         "script.run" => (Scripts, None),
-        "resource.list" | "resource.get" | "resource.dispose" => (Resources, None),
+        "resource.list"
+        | "resource.get"
+        | "resource.dispose"
+        | "resource.create"
+        | "resource.export_state"
+        | "resource.restore_state" => (Resources, None),
         // The gateway's own upload of a result to the runtime's storage;
         // the other `artifact.*` methods are what it asks of the runtime.
         "artifact.upload" => (Artifacts, None),
