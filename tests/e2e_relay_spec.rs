@@ -1300,7 +1300,10 @@ async fn resources_are_created_exported_and_restored_in_another_session() {
     let (_, short) = client
         .call("p2", "shell.start", start(&["printf", "x"]), |_| false)
         .await;
-    assert!(short.unwrap()["result"].is_object(), "printf ran to its end");
+    assert!(
+        short.unwrap()["result"].is_object(),
+        "printf ran to its end"
+    );
     let (_, exported) = client
         .call("e1", "resource.export_state", json!({}), |_| false)
         .await;
@@ -1398,4 +1401,48 @@ async fn resources_are_created_exported_and_restored_in_another_session() {
         )
         .await;
     assert_eq!(bad.unwrap()["error"]["code"], "invalid_request");
+}
+
+#[tokio::test]
+async fn an_exec_s_stdin_streams_as_chunks_on_channel_3() {
+    let (gw, alice) = setup();
+    let mut client = SpecClient::connect(&gw, &alice).await;
+    let params = json!({"command": ["cat"], "root_id": "main", "cwd": "", "stdin_stream": true});
+    client
+        .send(json!({"type": "request", "id": "in_1", "method": "shell.exec", "params": params}))
+        .await;
+    // A chunk record (docs/PROTOCOL.md §3): kind 0x02, the id's length
+    // and the id, the channel, the data; an empty chunk ends the input.
+    let chunk = |data: &[u8]| {
+        let mut record = vec![0x02, 0, 4];
+        record.extend_from_slice(b"in_1");
+        record.push(3);
+        record.extend_from_slice(data);
+        record
+    };
+    let big = vec![b'z'; 200_000];
+    client.send_record(&chunk(b"hello ")).await;
+    for piece in big.chunks(60_000) {
+        client.send_record(&chunk(piece)).await;
+    }
+    client.send_record(&chunk(b" world")).await;
+    client.send_record(&chunk(b"")).await;
+    let response = loop {
+        let frame = client.recv().await;
+        assert_ne!(frame["event"], "relay.error", "{frame}");
+        if frame["type"] == "response" && frame["id"] == "in_1" {
+            break frame;
+        }
+    };
+    let stdout = response["result"]["stdout"]
+        .as_str()
+        .expect("stdout")
+        .to_string();
+    assert_eq!(stdout.len(), 6 + 200_000 + 6, "{response:.300}");
+    assert!(stdout.starts_with("hello zzz") && stdout.ends_with("zzz world"));
+    // Both at once is a mistake the gateway names.
+    let both = json!({"command": ["cat"], "stdin": "x", "stdin_stream": true});
+    let (_, refused) = client.call("in_2", "shell.exec", both, |_| false).await;
+    let refused = refused.unwrap();
+    assert_eq!(refused["error"]["code"], "invalid_request", "{refused}");
 }

@@ -41,6 +41,7 @@ use crate::provider::{
 };
 use portcullis_sandbox::{self as sandbox, Mechanism};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
+use portcullis_wire::record::Channel;
 
 /// How long the pipes may stay open after the process group was killed (a
 /// process that left the group with `setsid` could hold them).
@@ -85,19 +86,25 @@ impl Shell {
 }
 
 /// A method that runs a command.
-const fn runs(name: &'static str) -> Method {
+const fn runs(name: &'static str, input: fn(&Request) -> Option<Channel>) -> Method {
     Method {
         name,
         capability: Capability::Shell,
         start_entry: true,
         target: command_target,
-        input: no_input,
+        input,
     }
 }
 
+/// `shell.exec` with `stdin_stream: true` takes its standard input as
+/// chunks on channel 3 (stdin), an empty chunk closing it.
+fn exec_input(request: &Request) -> Option<Channel> {
+    (request.params.get("stdin_stream") == Some(&Value::Bool(true))).then_some(Channel::Stdin)
+}
+
 const METHODS: &[Method] = &[
-    runs("shell.exec"),
-    runs("shell.start"),
+    runs("shell.exec", exec_input),
+    runs("shell.start", no_input),
     acts_on_a_process("shell.input"),
     acts_on_a_process("shell.signal"),
     acts_on_a_process("shell.cancel"),
@@ -211,6 +218,9 @@ struct ExecParams {
     timeout_ms: Option<u64>,
     /// Text for the command's standard input (closed after it).
     stdin: Option<String>,
+    /// Standard input as chunks on channel 3 instead (see `exec_input`).
+    #[serde(default)]
+    stdin_stream: bool,
     #[serde(default)]
     encoding: AskedEncoding,
 }
@@ -232,8 +242,11 @@ async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
     let p: ExecParams = params(&call.request)?;
     let link = CommandLink::of(&call);
     let terms = shell_terms(call.terms)?;
+    if p.stdin.is_some() && p.stdin_stream {
+        return Err(invalid("give `stdin` or `stdin_stream`, not both"));
+    }
     let io = Io::Piped {
-        stdin: p.stdin.is_some(),
+        stdin: p.stdin.is_some() || p.stdin_stream,
     };
     let start_entry = &mut call.start_entry;
     let mut running = shell
@@ -244,11 +257,25 @@ async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
     let cap = terms.output_limit.min(budget as u64) as usize;
     let stdout = tokio::spawn(read_capped(running.child.stdout.take(), cap));
     let stderr = tokio::spawn(read_capped(running.child.stderr.take(), cap));
-    if let (Some(text), Some(mut stdin)) = (p.stdin, running.child.stdin.take()) {
-        call.usage.add_in(text.len());
-        tokio::spawn(async move {
-            let _ = stdin.write_all(text.as_bytes()).await;
-        });
+    match (p.stdin, running.child.stdin.take(), call.input.take()) {
+        (Some(text), Some(mut stdin), _) => {
+            call.usage.add_in(text.len());
+            tokio::spawn(async move {
+                let _ = stdin.write_all(text.as_bytes()).await;
+            });
+        }
+        // The chunks as they come (the session counts them); stdin closes
+        // at the empty chunk, or when the input is abandoned.
+        (None, Some(mut stdin), Some(mut input)) => {
+            tokio::spawn(async move {
+                while let Some(chunk) = input.recv().await {
+                    if chunk.is_empty() || stdin.write_all(&chunk).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        _ => {}
     }
     let limit = time_limit(p.timeout_ms, &terms);
     let (outcome, status) = running.wait(limit, &call.cancel, None).await?;
