@@ -1446,3 +1446,67 @@ async fn an_exec_s_stdin_streams_as_chunks_on_channel_3() {
     let refused = refused.unwrap();
     assert_eq!(refused["error"]["code"], "invalid_request", "{refused}");
 }
+
+#[tokio::test]
+async fn tools_the_runtime_registers_are_the_ones_a_script_asks_it_for() {
+    let (gw, alice) = setup();
+    let mut client = SpecClient::connect_accepting(&gw, &alice, &["scripts", "tools"]).await;
+    let tool = json!({"name": "weather", "description": "Forecast.",
+                      "input_schema": {"type": "object"}});
+    let (_, registered) = client
+        .call("reg", "tool.register", json!({"tool": tool}), |_| false)
+        .await;
+    assert_eq!(registered.unwrap()["result"]["registered"], true);
+    let (_, bad) = client
+        .call(
+            "bad",
+            "tool.register",
+            json!({"tool": {"name": "no spaces"}}),
+            |_| false,
+        )
+        .await;
+    assert_eq!(bad.unwrap()["error"]["code"], "invalid_request");
+
+    // Registered: `weather` goes to the runtime; `nowhere` is not asked.
+    let source = r#"
+        let missing = "called";
+        try { call_tool("nowhere"); } catch (e) { missing = e.code; }
+        call_tool("weather", #{}).forecast + " " + missing
+    "#;
+    client
+        .send(json!({"type": "request", "id": "s1", "method": "script.run", "params": {"source": source}}))
+        .await;
+    let mut asked = Vec::new();
+    let response = loop {
+        let frame = client.recv().await;
+        if frame["type"] == "request" {
+            asked.push(frame["params"]["name"].clone());
+            client
+                .send(json!({"type": "response", "id": frame["id"], "result": {"forecast": "sun"}}))
+                .await;
+        } else if frame["type"] == "response" && frame["id"] == "s1" {
+            break frame;
+        }
+    };
+    assert_eq!(response["result"]["value"], "sun not_found", "{response}");
+    assert_eq!(asked, [json!("weather")]);
+
+    let (_, gone) = client
+        .call(
+            "unreg",
+            "tool.unregister",
+            json!({"name": "weather"}),
+            |_| false,
+        )
+        .await;
+    assert_eq!(gone.unwrap()["result"]["unregistered"], true);
+    let (_, again) = client
+        .call(
+            "unreg2",
+            "tool.unregister",
+            json!({"name": "weather"}),
+            |_| false,
+        )
+        .await;
+    assert_eq!(again.unwrap()["error"]["code"], "not_found");
+}

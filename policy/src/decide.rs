@@ -138,7 +138,8 @@ fn classify(method: &str) -> Result<(Capability, Option<Access>), Denial> {
         "shell.exec" | "shell.start" | "shell.input" | "shell.resize" | "shell.signal"
         | "shell.cancel" | "shell.status" | "shell.list" | "shell.attach" => (Shell, None),
         "tool.list" | "tool.call" | "tool.cancel" => (Tools, None),
-        "script.run" => (Scripts, None),
+        // The runtime's own tools, for scripts to call.
+        "script.run" | "tool.register" | "tool.unregister" => (Scripts, None),
         "resource.list"
         | "resource.get"
         | "resource.dispose"
@@ -374,6 +375,9 @@ pub fn decide(
         (Capability::Tools, Target::Tool { name }) => tool(policy, grants, principal_id, name),
         (Capability::Tools, Target::None) => {
             first_grant_with(grants, cap, principal_id, |g| g.tools.is_some())
+        }
+        (Capability::Scripts, Target::None) => {
+            first_grant_with(grants, cap, principal_id, |g| g.scripts.is_some())
         }
         (Capability::Scripts, Target::Script { requested }) => {
             match grants

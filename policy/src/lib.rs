@@ -26,7 +26,7 @@ pub use decide::{
     Terms, Verdict, active_grants, capability_of, decide, principal_by_key, principal_by_token,
     principal_status, summary, tool_descriptors,
 };
-pub use load::{load_file, parse};
+pub use load::{load_file, parse, valid_id};
 pub use model::*;
 
 /// The default policy shipped with portcullis: valid, commented, and

@@ -601,7 +601,9 @@ fn scripts(raw: RawScripts) -> ScriptLimits {
 
 const ID_RULE: &str = "1 to 64 characters of a-z, A-Z, 0-9, `_`, `-` and `.`";
 
-fn valid_id(id: &str) -> bool {
+/// Whether `id` is a valid id (of a principal, root, grant, tool or
+/// secret): 1 to 64 characters of a-z, A-Z, 0-9, `_`, `-` and `.`.
+pub fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_ID_LEN
         && id

@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 pub use nested::{
     Answer, Asked, Durable, DurableSeq, Nested, RUNTIME_ANSWER_TIMEOUT, Requests, ToRuntime,
 };
-pub use resources::{EventSink, MAX_PER_SESSION, SessionResources};
+pub use resources::{EventSink, MAX_PER_SESSION, MAX_RUNTIME_TOOLS, SessionResources};
 
 /// One method as its provider declares it.
 pub struct Method {

@@ -52,7 +52,13 @@ pub struct SessionResources {
     /// The principal's `max_resources` (the session sets it, and again
     /// after a policy change); [`MAX_PER_SESSION`] bounds it.
     granted: Arc<AtomicUsize>,
+    /// Tools the runtime registered with `tool.register`, by name: what a
+    /// script's `call_tool` may ask of the runtime.
+    runtime_tools: Arc<Mutex<BTreeMap<String, Value>>>,
 }
+
+/// Tools a runtime may register in one session.
+pub const MAX_RUNTIME_TOOLS: usize = 256;
 
 #[derive(Default)]
 struct Holdings {
@@ -66,7 +72,33 @@ impl SessionResources {
             held: Arc::default(),
             events: EventSink { outbox },
             granted: Arc::new(AtomicUsize::new(MAX_PER_SESSION)),
+            runtime_tools: Arc::default(),
         }
+    }
+
+    fn tools(&self) -> MutexGuard<'_, BTreeMap<String, Value>> {
+        self.runtime_tools.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers (or replaces) a tool the runtime holds; false when the
+    /// session holds [`MAX_RUNTIME_TOOLS`] others already.
+    pub fn register_runtime_tool(&self, name: &str, descriptor: Value) -> bool {
+        let mut tools = self.tools();
+        if tools.len() >= MAX_RUNTIME_TOOLS && !tools.contains_key(name) {
+            return false;
+        }
+        tools.insert(name.to_string(), descriptor);
+        true
+    }
+
+    pub fn unregister_runtime_tool(&self, name: &str) -> bool {
+        self.tools().remove(name).is_some()
+    }
+
+    /// Whether the runtime registered tools at all, and this one.
+    pub fn runtime_tool(&self, name: &str) -> (bool, bool) {
+        let tools = self.tools();
+        (!tools.is_empty(), tools.contains_key(name))
     }
 
     /// How many resources the principal's grants let this session hold.

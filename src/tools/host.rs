@@ -20,7 +20,7 @@ use tokio::runtime::Handle;
 use super::engine::{self, Watch};
 use super::registry::{CompiledTool, Registry, Secrets};
 use super::{invalid, provider_error};
-use crate::provider::{Call, Durable, Requests, StreamSink};
+use crate::provider::{Call, Durable, Requests, SessionResources, StreamSink};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request, RequestId};
 
 /// A tool runs with these limits (bounded, besides, by its caller's
@@ -32,6 +32,8 @@ pub struct Host {
     request: Request,
     stream: StreamSink,
     requests: Requests,
+    /// The session's: which tools the runtime registered.
+    resources: SessionResources,
     registry: Arc<Registry>,
     secrets_dir: Option<PathBuf>,
     limits: ScriptLimits,
@@ -111,6 +113,7 @@ impl Host {
             request: call.request.clone(),
             stream: call.stream.clone(),
             requests: call.requests.clone(),
+            resources: call.resources.clone(),
             registry,
             secrets_dir,
             limits,
@@ -226,7 +229,16 @@ impl Host {
     /// its value.
     fn call_tool(&self, name: &str, args: Value) -> Result<Value, ErrorBody> {
         if self.limits.runtime_tools && self.registry.tool(name).is_err() {
-            return self.call_runtime_tool(name, args);
+            // Once the runtime registered tools, only those go to it.
+            return match self.resources.runtime_tool(name) {
+                (true, false) => Err(ErrorBody::new(
+                    ErrorCode::NotFound,
+                    format!(
+                        "neither this gateway nor the runtime's registered tools have `{name}`"
+                    ),
+                )),
+                _ => self.call_runtime_tool(name, args),
+            };
         }
         let mut params = Map::new();
         params.insert("name".into(), Value::String(name.to_string()));

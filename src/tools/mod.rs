@@ -107,6 +107,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 const METHODS: &[Method] = &[
     Method::plain("tool.list", Capability::Tools),
+    // The runtime's tools, for scripts (`call_tool`).
+    Method::plain("tool.register", Capability::Scripts),
+    Method::plain("tool.unregister", Capability::Scripts),
     Method {
         start_entry: true,
         target: tool_target,
@@ -203,6 +206,8 @@ impl Provider for Tools {
         let tools = self.clone();
         match call.request.method.as_str() {
             "tool.list" => Box::pin(async move { Ok(list(&call)) }),
+            "tool.register" => Box::pin(async move { register_runtime_tool(&call) }),
+            "tool.unregister" => Box::pin(async move { unregister_runtime_tool(&call) }),
             "tool.cancel" => Box::pin(async move { tools.cancel(&call) }),
             "script.run" => Box::pin(async move { tools.script_run(call).await }),
             _ => Box::pin(async move { tools.tool_call(call).await }),
@@ -227,6 +232,69 @@ fn invalid(message: impl Into<String>) -> ErrorBody {
 }
 
 /// `tool.list`: the descriptors of the tools the principal may call.
+/// Bytes a registered tool's descriptor may take.
+const MAX_RUNTIME_TOOL_DESCRIPTOR: usize = 64 << 10;
+
+/// `tool.register {tool: {name, description?, input_schema?, …}}` (or the
+/// descriptor's fields as the params): a tool the runtime holds, which a
+/// script's `call_tool` then asks of the runtime (where its grant's
+/// `runtime_tools` allows). Once the runtime has registered any, only
+/// those names go to it.
+fn register_runtime_tool(call: &Call) -> Result<Value, ErrorBody> {
+    let p = &call.request.params;
+    let descriptor = match p.get("tool") {
+        Some(tool) => tool.clone(),
+        None => Value::Object(p.clone()),
+    };
+    let name = descriptor
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| portcullis_policy::valid_id(n))
+        .ok_or_else(|| {
+            invalid("tool.register needs `tool.name`: 1 to 64 characters of a-z, A-Z, 0-9, `_`, `-` and `.`")
+        })?
+        .to_string();
+    if descriptor
+        .get("input_schema")
+        .is_some_and(|s| !s.is_object() && !s.is_boolean())
+    {
+        return Err(invalid(
+            "`tool.input_schema` must be a JSON Schema (an object)",
+        ));
+    }
+    if descriptor.to_string().len() > MAX_RUNTIME_TOOL_DESCRIPTOR {
+        return Err(invalid(format!(
+            "a tool's descriptor may take {MAX_RUNTIME_TOOL_DESCRIPTOR} bytes"
+        )));
+    }
+    if !call.resources.register_runtime_tool(&name, descriptor) {
+        return Err(ErrorBody::new(
+            ErrorCode::PolicyBlocked,
+            format!(
+                "this session has {} runtime tools registered, the most it holds; unregister one first",
+                crate::provider::MAX_RUNTIME_TOOLS
+            ),
+        ));
+    }
+    Ok(json!({"name": name, "registered": true}))
+}
+
+fn unregister_runtime_tool(call: &Call) -> Result<Value, ErrorBody> {
+    let name = call
+        .request
+        .params
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid("tool.unregister needs `name`"))?;
+    if !call.resources.unregister_runtime_tool(name) {
+        return Err(ErrorBody::new(
+            ErrorCode::NotFound,
+            format!("the runtime registered no tool `{name}` in this session"),
+        ));
+    }
+    Ok(json!({"name": name, "unregistered": true}))
+}
+
 fn list(call: &Call) -> Value {
     let policy = &call.policy;
     let tools: Vec<Value> =
