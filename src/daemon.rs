@@ -34,8 +34,12 @@ impl Daemon {
         let egress = Egress::new(&config.egress, &config.state_dir, audit);
         let providers = Providers::new()
             .with(Arc::new(Resources::new(processes.clone())))
-            .with(Arc::new(Files::with_artifacts(Some(artifacts))))
-            .with(Arc::new(Shell::new(processes.clone(), egress)))
+            .with(Arc::new(Files::with_artifacts(Some(artifacts.clone()))))
+            .with(Arc::new(Shell::new(
+                processes.clone(),
+                egress,
+                Some(artifacts),
+            )))
             .with(Arc::new(Tools::new(config.secrets_dir.clone())));
         Self {
             instance_id,

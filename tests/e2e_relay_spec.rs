@@ -1510,3 +1510,44 @@ async fn tools_the_runtime_registers_are_the_ones_a_script_asks_it_for() {
         .await;
     assert_eq!(again.unwrap()["error"]["code"], "not_found");
 }
+
+#[tokio::test]
+async fn exec_output_past_the_inline_cap_goes_to_an_artifact_when_asked() {
+    use sha2::Digest as _;
+    let (gw, alice) = setup_with("[limits]\nmax_frame = \"1 MiB\"");
+    let (storage, mut uploads) = storage("200 OK").await;
+    let mut client =
+        SpecClient::connect_accepting(&gw, &alice, &["fileops", "shell", "artifacts"]).await;
+    let script = "head -c 900000 /dev/zero | tr '\\0' a; printf small >&2";
+    client
+        .send(json!({"type": "request", "id": "x1", "method": "shell.exec",
+                     "params": {"command": ["sh", "-c", script], "root_id": "main", "cwd": "", "artifact": true}}))
+        .await;
+    let (asked, _, _, response) = serve_artifacts(&mut client, "x1", &storage).await;
+    let result = &response["result"];
+    // Inline, as much as fits; the whole of stdout as an artifact; stderr
+    // fits, so it has none.
+    assert_eq!(
+        result["stdout_truncated"],
+        true,
+        "{:.300}",
+        response.to_string()
+    );
+    assert_eq!(result["stdout_bytes"], 900_000);
+    let artifact = &result["stdout_artifact"];
+    assert_eq!(artifact["size_bytes"], 900_000, "{artifact}");
+    assert_eq!(artifact["kind"], "stdout");
+    assert_eq!(artifact["mime_type"], "text/plain; charset=utf-8");
+    assert!(result.get("stderr_artifact").is_none());
+    assert_eq!(result["stderr"], "small");
+    let (_, body) = uploads.recv().await.unwrap();
+    assert_eq!(body.len(), 900_000);
+    assert!(body.iter().all(|&b| b == b'a'));
+    assert_eq!(artifact["sha256"], hex::encode(sha2::Sha256::digest(&body)));
+    let methods: Vec<&str> = asked
+        .iter()
+        .map(|r| r["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods, ["artifact.reserve", "artifact.complete"]);
+    assert_eq!(asked[0]["params"]["metadata"]["source"], "shell.exec");
+}

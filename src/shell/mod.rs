@@ -43,6 +43,8 @@ use portcullis_sandbox::{self as sandbox, Mechanism};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use portcullis_wire::record::Channel;
 
+use crate::artifacts::{Artifacts, Source, Upload};
+
 /// How long the pipes may stay open after the process group was killed (a
 /// process that left the group with `setsid` could hold them).
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
@@ -61,6 +63,8 @@ struct State {
     egress: Arc<Egress>,
     /// What of `/etc` a command's world covers, and when it was looked at.
     etc: Mutex<Option<(Instant, Arc<[PathBuf]>)>>,
+    /// Where `shell.exec` with `artifact` hands output past the inline cap.
+    artifacts: Option<Artifacts>,
 }
 
 /// How long a look at `/etc` serves: a file made unreadable (a new secret)
@@ -70,13 +74,18 @@ const ETC_LOOK_EVERY: Duration = Duration::from_secs(5);
 impl Shell {
     /// A shell provider whose started processes live in `processes` (the
     /// keeper and `resource.*` see the same table).
-    pub fn new(processes: process::Processes, egress: Arc<Egress>) -> Self {
+    pub fn new(
+        processes: process::Processes,
+        egress: Arc<Egress>,
+        artifacts: Option<Artifacts>,
+    ) -> Self {
         Self(Arc::new(State {
             processes,
             slots: Slots::default(),
             launchers: pool::Launchers::new(egress.clone()),
             egress,
             etc: Mutex::new(None),
+            artifacts,
         }))
     }
 
@@ -221,6 +230,10 @@ struct ExecParams {
     /// Standard input as chunks on channel 3 instead (see `exec_input`).
     #[serde(default)]
     stdin_stream: bool,
+    /// Output past the inline cap (up to the grant's `output_limit`) goes
+    /// to the runtime's storage as an artifact per stream.
+    #[serde(default)]
+    artifact: bool,
     #[serde(default)]
     encoding: AskedEncoding,
 }
@@ -241,7 +254,8 @@ fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorB
 async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
     let p: ExecParams = params(&call.request)?;
     let link = CommandLink::of(&call);
-    let terms = shell_terms(call.terms)?;
+    // Taken out: the call itself lives on (an artifact is uploaded for it).
+    let terms = shell_terms(std::mem::replace(&mut call.terms, Terms::None))?;
     if p.stdin.is_some() && p.stdin_stream {
         return Err(invalid("give `stdin` or `stdin_stream`, not both"));
     }
@@ -252,9 +266,13 @@ async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
     let mut running = shell
         .spawn(link, &terms, &p.command, io, start_entry)
         .await?;
-    // Both streams' text fits the result (each half of it).
+    // Both streams' text fits the result (each half of it); with
+    // `artifact`, what the grant allows is kept for the artifact.
     let budget = call.max_result / 2;
-    let cap = terms.output_limit.min(budget as u64) as usize;
+    let cap = match p.artifact {
+        true => usize::try_from(terms.output_limit).unwrap_or(usize::MAX),
+        false => terms.output_limit.min(budget as u64) as usize,
+    };
     let stdout = tokio::spawn(read_capped(running.child.stdout.take(), cap));
     let stderr = tokio::spawn(read_capped(running.child.stderr.take(), cap));
     match (p.stdin, running.child.stdin.take(), call.input.take()) {
@@ -297,6 +315,15 @@ async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
         result[name] = Value::String(text);
         result[format!("{name}_bytes")] = json!(captured.total);
         result[format!("{name}_truncated")] = json!((used as u64) < captured.total);
+        if p.artifact && used < captured.data.len() {
+            // The command has run: a failed upload is said in the result,
+            // not in place of it.
+            result[format!("{name}_artifact")] =
+                match output_artifact(&shell, &call, name, captured.data).await {
+                    Ok(artifact) => artifact,
+                    Err(e) => json!({"error": e}),
+                };
+        }
     }
     if let Outcome::TimedOut = outcome {
         // The spec's `timeout`, with what the command did before it.
@@ -745,6 +772,36 @@ async fn read_capped(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> Capt
         captured.data.extend_from_slice(&buf[..n.min(room)]);
     }
     captured
+}
+
+/// Hands a stream's whole captured output to the runtime's storage.
+async fn output_artifact(
+    shell: &Shell,
+    call: &Call,
+    stream: &str,
+    data: Vec<u8>,
+) -> Result<Value, ErrorBody> {
+    let Some(artifacts) = &shell.0.artifacts else {
+        return Err(ErrorBody::new(
+            ErrorCode::CapabilityUnavailable,
+            "this gateway uploads no artifacts",
+        ));
+    };
+    let mime_type = match std::str::from_utf8(&data) {
+        Ok(_) => "text/plain; charset=utf-8",
+        Err(_) => "application/octet-stream",
+    };
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("source".into(), json!("shell.exec"));
+    metadata.insert("stream".into(), json!(stream));
+    let upload = Upload {
+        kind: stream.to_string(),
+        mime_type: mime_type.to_string(),
+        metadata,
+        size: data.len() as u64,
+        source: Source::Bytes(data.into()),
+    };
+    artifacts.upload(call, upload).await
 }
 
 /// Output as it goes in the response: lossy UTF-8 or base64, cut to half
