@@ -478,8 +478,10 @@ impl Reservation {
         let artifact_id = result
             .get("artifact_id")
             .and_then(Value::as_str)
-            .filter(|id| !id.is_empty() && id.len() <= 256 && !id.chars().any(char::is_control))
-            .ok_or_else(|| bad("no usable artifact_id (a string of 1 to 256 characters)"))?
+            .filter(|id| portcullis_wire::frame::is_short_name(id))
+            .ok_or_else(|| {
+                bad("no usable artifact_id (a short string without control characters)")
+            })?
             .to_string();
         let url = result
             .get("upload_url")

@@ -314,6 +314,17 @@ pub enum ApprovalPolicy {
     Block,
 }
 
+impl Risk {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+            Self::Critical => "critical",
+        }
+    }
+}
+
 impl ApprovalPolicy {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -350,5 +361,26 @@ impl Policy {
 
     pub fn tool(&self, name: &str) -> Option<&Tool> {
         self.tools.iter().find(|t| t.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_serialised_names() {
+        for risk in [Risk::Low, Risk::Medium, Risk::High, Risk::Critical] {
+            assert_eq!(serde_json::to_value(risk).unwrap(), risk.as_str());
+        }
+        for policy in [
+            ApprovalPolicy::Allow,
+            ApprovalPolicy::AskOnce,
+            ApprovalPolicy::AskOncePerRun,
+            ApprovalPolicy::AlwaysAsk,
+            ApprovalPolicy::Block,
+        ] {
+            assert_eq!(serde_json::to_value(policy).unwrap(), policy.as_str());
+        }
     }
 }

@@ -343,38 +343,37 @@ impl StreamSink {
 
     /// Sends output as a `stream` frame (see [`output`]).
     pub async fn output(&self, frame: output::OutputFrame) -> Result<(), SessionGone> {
-        self.usage.add_out(frame.output_len());
-        let stream = Outbound::Frame(Frame::Stream(Stream {
-            id: self.id.clone(),
-            event: frame.event.to_string(),
-            data: Value::String(frame.data),
+        self.usage.add_out(frame.output_len);
+        let stream = Stream {
             sequence: Some(frame.sequence),
             encoding: frame.base64.then(|| "base64".to_string()),
-        }));
-        self.outbox.send(stream).await.map_err(|_| SessionGone)
+            ..self.stream(frame.event, Value::String(frame.data))
+        };
+        let frame = Outbound::Frame(Frame::Stream(stream));
+        self.outbox.send(frame).await.map_err(|_| SessionGone)
     }
 
     /// Sends a `stream` frame; waits while the peer is slow. Fails only
     /// when the session is gone.
     pub async fn event(&self, event: &str, data: Value) -> Result<(), SessionGone> {
-        let frame = self.stream_frame(event, data);
+        let frame = Outbound::Frame(Frame::Stream(self.stream(event, data)));
         self.outbox.send(frame).await.map_err(|_| SessionGone)
     }
 
     /// [`event`](Self::event) from a blocking thread (a search).
     pub fn event_blocking(&self, event: &str, data: Value) -> Result<(), SessionGone> {
-        let frame = self.stream_frame(event, data);
+        let frame = Outbound::Frame(Frame::Stream(self.stream(event, data)));
         self.outbox.blocking_send(frame).map_err(|_| SessionGone)
     }
 
-    fn stream_frame(&self, event: &str, data: Value) -> Outbound {
-        Outbound::Frame(Frame::Stream(Stream {
+    fn stream(&self, event: &str, data: Value) -> Stream {
+        Stream {
             id: self.id.clone(),
             event: event.to_string(),
             data,
             sequence: None,
             encoding: None,
-        }))
+        }
     }
 
     /// Sends a binary chunk (split to fit records by the writer's caller).

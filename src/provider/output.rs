@@ -24,18 +24,8 @@ pub struct OutputFrame {
     pub sequence: u64,
     pub data: String,
     pub base64: bool,
-}
-
-impl OutputFrame {
-    /// How many output bytes it carries.
-    pub fn output_len(&self) -> usize {
-        match self.base64 {
-            true => base64::engine::general_purpose::STANDARD
-                .decode(&self.data)
-                .map_or(0, |b| b.len()),
-            false => self.data.len(),
-        }
-    }
+    /// How many output bytes it carries (`data` decoded).
+    pub output_len: usize,
 }
 
 fn event(channel: Channel) -> &'static str {
@@ -130,6 +120,7 @@ fn text_frames(event: &'static str, seq: u64, text: &str, out: &mut Vec<OutputFr
                 sequence: seq + start as u64,
                 data: text[start..at].to_string(),
                 base64: false,
+                output_len: at - start,
             });
             (start, size) = (at, 0);
         }
@@ -141,6 +132,7 @@ fn text_frames(event: &'static str, seq: u64, text: &str, out: &mut Vec<OutputFr
             sequence: seq + start as u64,
             data: text[start..].to_string(),
             base64: false,
+            output_len: text.len() - start,
         });
     }
 }
@@ -152,6 +144,7 @@ fn binary(event: &'static str, seq: u64, bytes: &[u8], out: &mut Vec<OutputFrame
             sequence: seq + (i * BASE64_BYTES) as u64,
             data: base64::engine::general_purpose::STANDARD.encode(part),
             base64: true,
+            output_len: part.len(),
         });
     }
 }

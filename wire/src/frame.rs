@@ -425,6 +425,13 @@ fn check_name(what: &'static str, name: &str) -> Result<(), FrameError> {
     }
 }
 
+/// Whether a name a peer gives inside a payload (a connection id, an
+/// artifact id) is fit to keep and log: not empty, at most
+/// `MAX_SHORT_FIELD_LEN` bytes, no control characters.
+pub fn is_short_name(value: &str) -> bool {
+    !value.is_empty() && value.len() <= MAX_SHORT_FIELD_LEN && !value.chars().any(char::is_control)
+}
+
 fn check_short(field: &'static str, value: Option<&str>) -> Result<(), FrameError> {
     match value {
         Some(v) if v.len() > MAX_SHORT_FIELD_LEN => Err(FrameError::FieldTooLong {

@@ -516,8 +516,7 @@ async fn approve(
         .get("name")
         .and_then(Value::as_str)
         .and_then(|name| call.policy.tool(name))
-        .and_then(|tool| serde_json::to_value(tool.risk).ok())
-        .and_then(|risk| risk.as_str().map(str::to_string));
+        .map(|tool| tool.risk.as_str().to_string());
     let ask = Ask::for_request(&call.principal, &call.request, policy).with_risk(risk);
     let timeout = gateway.config.approval_timeout;
     let onlookers = Onlookers {

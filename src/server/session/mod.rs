@@ -599,7 +599,7 @@ impl Session {
         self.relay_connection = payload
             .get("connection_id")
             .and_then(Value::as_str)
-            .filter(|id| !id.is_empty() && id.len() <= 256 && !id.chars().any(char::is_control))
+            .filter(|id| frame::is_short_name(id))
             .map(str::to_string);
         if let Some(time) = payload
             .get("server_time")
