@@ -1551,3 +1551,28 @@ async fn exec_output_past_the_inline_cap_goes_to_an_artifact_when_asked() {
     assert_eq!(methods, ["artifact.reserve", "artifact.complete"]);
     assert_eq!(asked[0]["params"]["metadata"]["source"], "shell.exec");
 }
+
+#[tokio::test]
+async fn a_process_that_exits_is_an_updated_resource() {
+    let (gw, alice) = setup();
+    let mut client = SpecClient::connect(&gw, &alice).await;
+    let params = json!({"command": ["printf", "done"], "root_id": "main", "cwd": ""});
+    client
+        .send(json!({"type": "request", "id": "p1", "method": "shell.start", "params": params}))
+        .await;
+    let mut process_id = Value::Null;
+    let updated = loop {
+        let frame = client.recv().await;
+        if frame["type"] == "stream" && frame["event"] == "started" {
+            process_id = frame["data"]["process_id"].clone();
+        }
+        if frame["type"] == "event" && frame["event"] == "resource.updated" {
+            break frame;
+        }
+    };
+    let payload = &updated["payload"];
+    assert_eq!(payload["id"], process_id, "{updated}");
+    assert_eq!(payload["kind"], "process");
+    assert_eq!(payload["state"], "exited");
+    assert_eq!(payload["exit_code"], 0);
+}

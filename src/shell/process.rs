@@ -191,21 +191,27 @@ impl Process {
         }
     }
 
-    /// Records the exit result and tells the watching sessions.
+    /// Records the exit result and tells the watching sessions:
+    /// `process.exited`, and the spec's `resource.updated` (the process is
+    /// a resource of theirs, `resource.list` shows it).
     pub fn finish(&self, result: Value) {
         self.exit.send_replace(Some(result.clone()));
         self.touch();
         let watchers = std::mem::take(&mut *lock(&self.watchers));
         let mut payload = result;
         payload["process_id"] = json!(self.id);
+        let mut updated = payload.clone();
+        updated["id"] = json!(self.id);
+        updated["kind"] = json!("process");
+        updated["state"] = json!("exited");
         for sink in watchers {
-            let payload = payload.clone();
+            let (payload, updated) = (payload.clone(), updated.clone());
             // A slow session must not hold up the others, or this task.
             tokio::spawn(async move {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    sink.send("process.exited", payload),
-                )
+                let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                    let _ = sink.send("process.exited", payload).await;
+                    let _ = sink.send("resource.updated", updated).await;
+                })
                 .await;
             });
         }
