@@ -258,11 +258,26 @@ impl Host {
         params.insert("name".into(), Value::String(name.to_string()));
         params.insert("arguments".into(), args);
         let cancel = self.watch.cancel.child_token();
+        let asked = self
+            .requests
+            .ask_runtime(&self.request.id, "tool.call", params, &cancel);
+        let (answer, timed_out) = self.until_deadline(&cancel, asked);
+        match timed_out {
+            true => Err(engine::deadline_error(&self.limits)),
+            false => answer,
+        }
+    }
+
+    /// Runs `asked` (a request of the script's) on this thread; at the
+    /// script's deadline it is cancelled and its answer to that awaited.
+    /// Says whether the deadline came first.
+    fn until_deadline<T>(
+        &self,
+        cancel: &tokio_util::sync::CancellationToken,
+        asked: impl std::future::Future<Output = T>,
+    ) -> (T, bool) {
         let deadline = tokio::time::Instant::from_std(self.watch.deadline);
-        let (answer, timed_out) = self.handle.block_on(async {
-            let asked = self
-                .requests
-                .ask_runtime(&self.request.id, "tool.call", params, &cancel);
+        self.handle.block_on(async {
             let mut asked = std::pin::pin!(asked);
             tokio::select! {
                 answer = &mut asked => (answer, false),
@@ -271,11 +286,7 @@ impl Host {
                     (asked.await, true)
                 }
             }
-        });
-        match timed_out {
-            true => Err(engine::deadline_error(&self.limits)),
-            false => answer,
-        }
+        })
     }
 
     /// A request the script makes. The session admits, audits and executes
@@ -292,20 +303,10 @@ impl Host {
             context: self.request.context.clone(),
         };
         let cancel = self.watch.cancel.child_token();
-        let deadline = tokio::time::Instant::from_std(self.watch.deadline);
-        let (answer, timed_out) = self.handle.block_on(async {
-            let sent = self
-                .requests
-                .send(&self.request.id, request, cancel.clone());
-            let mut sent = std::pin::pin!(sent);
-            tokio::select! {
-                answer = &mut sent => (answer, false),
-                () = tokio::time::sleep_until(deadline) => {
-                    cancel.cancel();
-                    (sent.await, true)
-                }
-            }
-        });
+        let sent = self
+            .requests
+            .send(&self.request.id, request, cancel.clone());
+        let (answer, timed_out) = self.until_deadline(&cancel, sent);
         if let Some(entry) = answer.entry {
             self.unsettled.push(entry)?;
         }
