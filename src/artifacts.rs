@@ -35,9 +35,6 @@ use tokio::net::TcpStream;
 
 use crate::provider::Call;
 
-/// Where an `https` upload's server certificates are checked from, unless
-/// `[artifacts] ca_file` says.
-const DEBIAN_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Bytes read and sent at a time.
 const PIECE: usize = 256 << 10;
 /// Headers the runtime may ask an upload to carry, and their size.
@@ -95,7 +92,7 @@ impl Artifacts {
     pub fn new(audit: AuditLog, ca_file: Option<PathBuf>) -> Self {
         Self(Arc::new(State {
             audit,
-            ca_file: ca_file.unwrap_or_else(|| DEBIAN_CA_BUNDLE.into()),
+            ca_file: ca_file.unwrap_or_else(|| crate::tls::DEBIAN_CA_BUNDLE.into()),
             tls: OnceLock::new(),
         }))
     }
@@ -332,27 +329,9 @@ impl Artifacts {
     }
 
     fn tls(&self) -> Result<tokio_rustls::TlsConnector, ErrorBody> {
-        let path = &self.0.ca_file;
         self.0
             .tls
-            .get_or_init(|| {
-                use rustls::pki_types::{CertificateDer, pem::PemObject};
-                let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                    .and_then(|iter| iter.collect())
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                let mut roots = rustls::RootCertStore::empty();
-                let (added, _) = roots.add_parsable_certificates(certs);
-                if added == 0 {
-                    return Err(format!("{}: no CA certificate", path.display()));
-                }
-                let provider = Arc::new(rustls::crypto::ring::default_provider());
-                let config = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| e.to_string())?
-                    .with_root_certificates(roots)
-                    .with_no_client_auth();
-                Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
-            })
+            .get_or_init(|| crate::tls::client_connector(Some(&self.0.ca_file)))
             .clone()
             .map_err(|why| {
                 artifact_error(format!(

@@ -30,6 +30,36 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     pub egress: EgressConfig,
     pub artifacts: ArtifactsConfig,
+    /// Runtimes' relay endpoints the gateway dials out to (`[[relay]]`).
+    pub relays: Vec<RelayEndpoint>,
+}
+
+/// `[[relay]]`: a runtime's relay endpoint the gateway connects to and
+/// serves sessions on (docs/OPERATIONS.md, "Dial out to a runtime").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayEndpoint {
+    /// `wss://host[:port]/path` (`ws://` only to a loopback host).
+    pub url: String,
+    /// The file holding the bearer token the endpoint expects (read at
+    /// each connection, so a rotated token is picked up).
+    pub token_file: PathBuf,
+    /// CA certificates (PEM) the endpoint's TLS certificate must chain to;
+    /// Debian's bundle where unset.
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRelay {
+    url: String,
+    #[serde(default)]
+    token_file: Option<PathBuf>,
+    /// A systemd credential's name (`LoadCredential=`), read from
+    /// `$CREDENTIALS_DIRECTORY`.
+    #[serde(default)]
+    token_credential: Option<String>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
 }
 
 /// `[artifacts]`: uploads of results to the runtime's storage.
@@ -159,6 +189,7 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
 struct RawConfig {
     #[serde(default = "default_provider_id")]
     provider_id: String,
+    #[serde(default)]
     listen: Vec<SocketAddr>,
     key_file: PathBuf,
     policy: PathBuf,
@@ -180,6 +211,36 @@ struct RawConfig {
     egress: EgressConfig,
     #[serde(default)]
     artifacts: ArtifactsConfig,
+    #[serde(default)]
+    relay: Vec<RawRelay>,
+}
+
+/// Why a relay endpoint's URL is refused: only `wss://`, or `ws://` to a
+/// loopback host (tests, a runtime on the same machine).
+pub fn relay_url_allowed(url: &str) -> Result<(), &'static str> {
+    let (tls, rest) = match url.split_once("://") {
+        Some(("wss", rest)) => (true, rest),
+        Some(("ws", rest)) => (false, rest),
+        _ => return Err("the URL must start with wss:// (or ws:// to a loopback host)"),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.is_empty() || authority.contains('@') {
+        return Err("the URL needs a host, and no user name or password in it");
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host),
+    };
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !tls && !loopback {
+        return Err("ws:// (no TLS) is refused except to a loopback host; use wss://");
+    }
+    Ok(())
 }
 
 fn default_provider_id() -> String {
@@ -228,9 +289,10 @@ impl Config {
             path: path.into(),
             message: message.to_string(),
         };
-        if raw.listen.is_empty() {
+        if raw.listen.is_empty() && raw.relay.is_empty() {
             return Err(value_error(
-                "`listen` needs at least one address, e.g. [\"127.0.0.1:7443\"]",
+                "`listen` needs at least one address, e.g. [\"127.0.0.1:7443\"], \
+                 unless the gateway dials out (`[[relay]]`)",
             ));
         }
         let l = raw.limits;
@@ -274,7 +336,38 @@ impl Config {
         }
         let base = path.parent().unwrap_or(Path::new("."));
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        let mut relays = Vec::new();
+        for (n, relay) in raw.relay.into_iter().enumerate() {
+            let at =
+                |m: String| value_error(&format!("`[[relay]]` #{} ({}): {m}", n + 1, relay.url));
+            relay_url_allowed(&relay.url).map_err(|m| at(m.to_string()))?;
+            let token_file = match (relay.token_file, &relay.token_credential) {
+                (Some(file), None) => resolve(file),
+                (None, Some(name)) => {
+                    let dir = std::env::var_os("CREDENTIALS_DIRECTORY").ok_or_else(|| {
+                        at(format!(
+                            "token_credential `{name}` needs systemd's $CREDENTIALS_DIRECTORY \
+                             (LoadCredential=); use token_file elsewhere"
+                        ))
+                    })?;
+                    PathBuf::from(dir).join(name)
+                }
+                _ => {
+                    return Err(at(
+                        "give the bearer token's source: `token_file` or `token_credential` \
+                         (one of them; never the token itself)"
+                            .into(),
+                    ));
+                }
+            };
+            relays.push(RelayEndpoint {
+                url: relay.url,
+                token_file,
+                ca_file: relay.ca_file.map(resolve),
+            });
+        }
         Ok(Self {
+            relays,
             provider_id: raw.provider_id,
             listen: raw.listen,
             key_file: resolve(raw.key_file),

@@ -47,3 +47,28 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, Tl
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
+
+/// Where a server's certificate is checked from when no CA file is given:
+/// Debian's bundle (package `ca-certificates`).
+pub const DEBIAN_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// A TLS connector for the gateway's own outgoing connections (artifact
+/// uploads, relay endpoints it dials): servers are checked against the CA
+/// certificates in `ca_file` (PEM), or Debian's bundle.
+pub fn client_connector(ca_file: Option<&Path>) -> Result<tokio_rustls::TlsConnector, String> {
+    let path = ca_file.unwrap_or(Path::new(DEBIAN_CA_BUNDLE));
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .and_then(|iter| iter.collect())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(format!("{}: no CA certificate", path.display()));
+    }
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}

@@ -40,6 +40,7 @@ use portcullis_wire::record::{self, Channel, Record};
 
 pub mod config;
 mod files;
+pub mod listen;
 pub mod tls;
 
 pub use files::UploadOptions;
@@ -248,6 +249,20 @@ impl Client {
         )
         .await
         .map_err(|e| ClientError::Upgrade(e.to_string()))?;
+        Self::over_websocket(ws, options).await
+    }
+
+    /// The handshake (as the Noise initiator, the gateway's key pinned) and
+    /// the hello over an upgraded WebSocket, whichever side opened the TCP
+    /// connection: the client dialed the gateway, or the gateway dialed a
+    /// [`listen::ProviderListener`].
+    async fn over_websocket<S>(
+        ws: tokio_tungstenite::WebSocketStream<S>,
+        options: ClientOptions,
+    ) -> Result<Self, ClientError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let credentials = match &options.token {
             Some(token) => {
                 Zeroizing::new(json!({ "token": token.as_str() }).to_string().into_bytes())

@@ -83,7 +83,26 @@ fn error_text(body: &Value) -> String {
 
 pub fn status(socket: &Socket) -> ExitCode {
     call(socket, Method::GET, "/v1/status", |b| {
-        format!(
+        let relays: String = b["relays"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                let detail = match (r["connected_since"].as_str(), r["last_error"].as_str()) {
+                    (Some(since), _) => format!("since {since}"),
+                    (None, Some(error)) => {
+                        format!("{} attempt(s); last error: {error}", r["attempts"])
+                    }
+                    (None, None) => String::new(),
+                };
+                format!(
+                    "\n  relay {}: {} {detail}",
+                    r["url"].as_str().unwrap_or("?"),
+                    r["state"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        let summary = format!(
             "portcullis {} ({}): {} session(s), policy {}, {}",
             b["version"].as_str().unwrap_or("?"),
             b["provider_id"].as_str().unwrap_or("?"),
@@ -98,7 +117,8 @@ pub fn status(socket: &Socket) -> ExitCode {
                 _ if b["paused"] == true => "PAUSED",
                 _ => "running",
             }
-        )
+        );
+        format!("{summary}{relays}")
     })
 }
 

@@ -149,6 +149,11 @@ async fn run(
         }
         tokio::spawn(server::serve(gateway.clone(), listener));
     }
+    for (index, relay) in gateway.config.relays.iter().enumerate() {
+        info!(url = %relay.url, "dialing out to a relay endpoint");
+        addresses.push(relay.url.clone());
+        tokio::spawn(server::dial::dial(gateway.clone(), index));
+    }
     let serving = format!("serving on {}", addresses.join(", "));
     let generation = gateway.current_policy().generation.clone();
     systemd::ready(&format!("{serving}; policy {generation}"));

@@ -135,6 +135,11 @@ async fn route(gateway: &Gateway, request: Request<Incoming>, peer_uid: u32) -> 
                     "paused": *gateway.paused.borrow() != Pause::Off,
                     "pause": gateway.paused.borrow().as_str(),
                     "sessions": gateway.sessions.count(),
+                    "relays": gateway
+                        .relays
+                        .iter()
+                        .filter_map(|r| r.lock().ok().map(|s| json!(*s)))
+                        .collect::<Vec<_>>(),
                     "audit": match gateway.audit.health() {
                         Health::Writing => json!({"writing": true}),
                         Health::Stopped { reason, since } =>

@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod approvals;
+pub mod dial;
 pub mod entry;
 pub mod metrics;
 pub mod peer;

@@ -9,6 +9,8 @@ use std::net::SocketAddr;
 pub enum Peer {
     /// A client that dialed in over TCP (WebSocket, optionally TLS).
     Tcp { addr: SocketAddr },
+    /// A runtime's relay endpoint the gateway dialed (`[[relay]]`).
+    Relay { url: String },
 }
 
 impl fmt::Display for Peer {
@@ -16,6 +18,7 @@ impl fmt::Display for Peer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Tcp { addr } => write!(f, "{addr}"),
+            Self::Relay { url } => write!(f, "{url}"),
         }
     }
 }

@@ -43,6 +43,8 @@ pub struct Gateway {
     /// What frames arriving in parts may hold, all sessions together
     /// (`[limits] max_frames_in_parts`).
     pub parts: portcullis_wire::record::PartsBudget,
+    /// Each `[[relay]]` endpoint's state, in the config's order.
+    pub relays: Vec<crate::server::dial::Endpoint>,
 }
 
 impl Gateway {
@@ -63,7 +65,13 @@ impl Gateway {
         };
         let connections = Arc::new(Semaphore::new(config.limits.max_connections));
         let parts = portcullis_wire::record::PartsBudget::new(config.limits.max_frames_in_parts);
+        let relays = config
+            .relays
+            .iter()
+            .map(|r| crate::server::dial::endpoint(&r.url))
+            .collect();
         Self {
+            relays,
             parts,
             config,
             key,

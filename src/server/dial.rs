@@ -1,0 +1,277 @@
+//! Dial-out: the gateway connects to each runtime relay endpoint of the
+//! config (`[[relay]]`), as the relay spec's primary topology has it, and
+//! serves one session at a time on each connection — the same session as
+//! an accepted connection's: the gateway is still the Noise responder (the
+//! runtime sends message 1 after the upgrade and proves its principal's
+//! key in message 3), so TCP direction and Noise roles are independent.
+//! The bearer token authenticates the gateway to the endpoint; the Noise
+//! keys authenticate the two ends to each other.
+//!
+//! A lost or refused connection is retried with exponential backoff and
+//! jitter, capped, reset once a connection stayed up for a while. A token
+//! the endpoint refuses (401, 403) stops the retries until the next
+//! reload. Each attempt's failure is logged and audited (`relay_failed`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, sleep, timeout};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tracing::{info, warn};
+use zeroize::Zeroizing;
+
+use super::Gateway;
+use super::peer::Peer;
+use super::session;
+use crate::config::RelayEndpoint;
+use portcullis_wire::channel::ws_config;
+
+/// The first wait after a failure, and the longest.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// A connection up this long resets the backoff.
+const HEALTHY: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What `portcullis status` shows of one endpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct EndpointStatus {
+    pub url: String,
+    /// `connecting`, `connected`, `waiting` (to retry), `token_refused`
+    /// (until a reload), `stopped`.
+    pub state: &'static str,
+    /// Attempts since the last healthy connection.
+    pub attempts: u64,
+    pub connections: u64,
+    pub last_error: Option<String>,
+    /// RFC 3339, while connected.
+    pub connected_since: Option<String>,
+}
+
+/// One endpoint's status, shared with the admin socket.
+pub type Endpoint = Arc<Mutex<EndpointStatus>>;
+
+pub fn endpoint(url: &str) -> Endpoint {
+    Arc::new(Mutex::new(EndpointStatus {
+        url: url.to_string(),
+        state: "connecting",
+        attempts: 0,
+        connections: 0,
+        last_error: None,
+        connected_since: None,
+    }))
+}
+
+/// Why one attempt failed.
+#[derive(Debug, thiserror::Error)]
+enum DialError {
+    #[error("the bearer token: {0}")]
+    Token(String),
+    #[error("the endpoint refused the bearer token ({0})")]
+    TokenRefused(u16),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Dials `config.relays[index]` until the gateway shuts down.
+pub async fn dial(gateway: Arc<Gateway>, index: usize) {
+    let (Some(relay), Some(status)) = (
+        gateway.config.relays.get(index).cloned(),
+        gateway.relays.get(index).cloned(),
+    ) else {
+        return;
+    };
+    let set = |f: &dyn Fn(&mut EndpointStatus)| {
+        if let Ok(mut s) = status.lock() {
+            f(&mut s)
+        }
+    };
+    let mut attempts: u32 = 0;
+    let mut reloads = gateway.policy.subscribe();
+    loop {
+        set(&|s| s.state = "connecting");
+        let attempt = tokio::select! {
+            attempt = open(&gateway, &relay) => attempt,
+            () = gateway.shutdown.cancelled() => break,
+        };
+        let failure = match attempt {
+            Ok(connected) => {
+                let since = Instant::now();
+                set(&|s| {
+                    s.state = "connected";
+                    s.connections += 1;
+                    s.last_error = None;
+                    s.connected_since = Some(jiff::Timestamp::now().to_string());
+                });
+                info!(url = %relay.url, "connected to the relay endpoint");
+                connected.await;
+                set(&|s| s.connected_since = None);
+                if since.elapsed() >= HEALTHY {
+                    attempts = 0;
+                }
+                "the connection ended".to_string()
+            }
+            Err(DialError::TokenRefused(code)) => {
+                let why = format!(
+                    "the endpoint refused the bearer token ({code}); not retried until a reload"
+                );
+                warn!(url = %relay.url, "{why}");
+                gateway.security_event("relay_failed", None, format!("{}: {why}", relay.url));
+                set(&|s| {
+                    s.state = "token_refused";
+                    s.last_error = Some(why.clone());
+                });
+                tokio::select! {
+                    _ = reloads.changed() => continue,
+                    () = gateway.shutdown.cancelled() => break,
+                }
+            }
+            Err(e) => {
+                let why = e.to_string();
+                warn!(url = %relay.url, "cannot connect to the relay endpoint: {why}");
+                gateway.security_event("relay_failed", None, format!("{}: {why}", relay.url));
+                why
+            }
+        };
+        attempts = attempts.saturating_add(1);
+        let wait = backoff(attempts);
+        set(&|s| {
+            s.state = "waiting";
+            s.attempts = u64::from(attempts);
+            s.last_error = Some(failure.clone());
+        });
+        tokio::select! {
+            () = sleep(wait) => {}
+            () = gateway.shutdown.cancelled() => break,
+        }
+    }
+    set(&|s| s.state = "stopped");
+}
+
+/// The wait before attempt `n + 1`: doubling from [`FIRST_BACKOFF`] to
+/// [`MAX_BACKOFF`], less up to half of it at random (so that gateways
+/// that lost the same endpoint do not come back at once).
+fn backoff(attempts: u32) -> Duration {
+    let full = FIRST_BACKOFF
+        .saturating_mul(1 << attempts.saturating_sub(1).min(16))
+        .min(MAX_BACKOFF);
+    let mut random = [0u8; 2];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random);
+    let fraction = f64::from(u16::from_le_bytes(random)) / f64::from(u16::MAX);
+    full.mul_f64(1.0 - fraction / 2.0)
+}
+
+/// One connection: TCP, TLS for `wss://`, the upgrade with the bearer
+/// token. Resolves to the session, to be awaited while it lasts.
+async fn open(
+    gateway: &Arc<Gateway>,
+    relay: &RelayEndpoint,
+) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>, DialError> {
+    let token = read_token(relay)?;
+    let mut request = relay
+        .url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| DialError::Failed(format!("the URL: {e}")))?;
+    let bearer = HeaderValue::from_str(&format!("Bearer {}", token.as_str()))
+        .map_err(|_| DialError::Token("not a valid header value".into()))?;
+    request.headers_mut().insert("authorization", bearer);
+    let uri = request.uri().clone();
+    let tls = uri.scheme_str() == Some("wss");
+    let host = uri
+        .host()
+        .unwrap_or_default()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    let tcp = timeout(CONNECT_TIMEOUT, TcpStream::connect((host.as_str(), port)))
+        .await
+        .map_err(|_| DialError::Failed(format!("{host}:{port}: no connection within 10 s")))?
+        .map_err(|e| DialError::Failed(format!("{host}:{port}: {e}")))?;
+    let _ = tcp.set_nodelay(true);
+    let peer = Peer::Relay {
+        url: relay.url.clone(),
+    };
+    let limit = gateway.config.limits.header_timeout;
+    if !tls {
+        let ws = upgrade(request, tcp, limit).await?;
+        return Ok(Box::pin(session::over_websocket(gateway.clone(), ws, peer)));
+    }
+    let connector = crate::tls::client_connector(relay.ca_file.as_deref())
+        .map_err(|e| DialError::Failed(format!("TLS: {e}")))?;
+    let name = rustls::pki_types::ServerName::try_from(host.clone())
+        .map_err(|e| DialError::Failed(format!("TLS: host `{host}`: {e}")))?;
+    let stream = timeout(limit, connector.connect(name, tcp))
+        .await
+        .map_err(|_| DialError::Failed("TLS: no handshake in time".into()))?
+        .map_err(|e| DialError::Failed(format!("TLS: {e}")))?;
+    let ws = upgrade(request, stream, limit).await?;
+    Ok(Box::pin(session::over_websocket(gateway.clone(), ws, peer)))
+}
+
+/// The WebSocket upgrade, bounded by `limit`; 401 and 403 say the token
+/// was refused.
+async fn upgrade<S>(
+    request: tokio_tungstenite::tungstenite::handshake::client::Request,
+    stream: S,
+    limit: Duration,
+) -> Result<tokio_tungstenite::WebSocketStream<S>, DialError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    use tokio_tungstenite::tungstenite::Error;
+    let upgraded = timeout(
+        limit,
+        tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config())),
+    )
+    .await
+    .map_err(|_| DialError::Failed("no WebSocket upgrade in time".into()))?;
+    match upgraded {
+        Ok((ws, _)) => Ok(ws),
+        Err(Error::Http(response)) if matches!(response.status().as_u16(), 401 | 403) => {
+            Err(DialError::TokenRefused(response.status().as_u16()))
+        }
+        Err(Error::Http(response)) => Err(DialError::Failed(format!(
+            "the endpoint answered {} to the upgrade",
+            response.status()
+        ))),
+        Err(e) => Err(DialError::Failed(format!("the upgrade: {e}"))),
+    }
+}
+
+/// The bearer token, read now (a rotated file is picked up at the next
+/// connection); zeroized when dropped.
+fn read_token(relay: &RelayEndpoint) -> Result<Zeroizing<String>, DialError> {
+    let text = std::fs::read_to_string(&relay.token_file)
+        .map(Zeroizing::new)
+        .map_err(|e| DialError::Token(format!("{}: {e}", relay.token_file.display())))?;
+    let token = Zeroizing::new(text.trim().to_string());
+    if token.is_empty() {
+        return Err(DialError::Token(format!(
+            "{} is empty",
+            relay.token_file.display()
+        )));
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_with_at_most_half_taken_off() {
+        for (attempts, full) in [(1, 1), (2, 2), (3, 4), (7, 60), (40, 60)] {
+            let full = Duration::from_secs(full);
+            for _ in 0..20 {
+                let wait = backoff(attempts);
+                assert!(wait <= full && wait >= full / 2, "{attempts}: {wait:?}");
+            }
+        }
+    }
+}

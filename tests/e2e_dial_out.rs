@@ -1,0 +1,260 @@
+//! Dial-out: the gateway connects to a runtime's relay endpoint
+//! (`[[relay]]`), the runtime (portcullis-client's `ProviderListener`)
+//! checks the bearer token and runs the Noise handshake as the initiator,
+//! and the session is the same as one the runtime dialed. The runtime goes
+//! away and comes back; the gateway reconnects, and a persistent process
+//! is reattached from sequence 0.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Gateway, principal};
+use portcullis_client::listen::ProviderListener;
+use portcullis_client::{Client, ClientError, ClientOptions, StreamItem};
+use portcullis_crypto::StaticKeypair;
+use serde_json::{Value, json};
+use zeroize::Zeroizing;
+
+const TOKEN: &str = "relay-token-for-tests";
+
+fn policy(alice: &StaticKeypair) -> String {
+    format!(
+        r#"{alice}
+[[root]]
+id = "main"
+path = "WORKSPACE"
+virtual_path = "/workspace/main"
+
+[[grant]]
+id = "alice"
+principals = ["alice"]
+fileops = {{ main = "rw" }}
+shell = {{ commands = ["sh", "printf", "sleep"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, persist = true }}
+"#,
+        alice = principal("alice", alice)
+    )
+}
+
+/// A gateway that listens as usual and dials `port` on 127.0.0.1.
+fn gateway_dialing(alice: &StaticKeypair, port: u16, token_file: &std::path::Path) -> Gateway {
+    let relay = format!(
+        "[[relay]]\nurl = \"ws://127.0.0.1:{port}/api/v1/relay/connect\"\ntoken_file = \"{}\"\n",
+        token_file.display()
+    );
+    Gateway::start(&policy(alice), &relay)
+}
+
+fn options(gw: &Gateway, alice: &StaticKeypair) -> ClientOptions {
+    let mut options = ClientOptions::new("ws://unused", gw.key, alice.clone());
+    options.timeout = Duration::from_secs(20);
+    options
+}
+
+/// The next gateway to dial in and prove its key.
+async fn next_gateway(listener: &ProviderListener, options: ClientOptions) -> Client {
+    let client = listener
+        .accept(options)
+        .await
+        .expect("the gateway dials in");
+    client.accept_all().await.unwrap();
+    client
+}
+
+/// Output of a started or attached process until `until` is in it.
+async fn read_output(
+    request: &mut portcullis_client::RequestHandle<'_>,
+    until: &str,
+) -> (String, Vec<Value>) {
+    let (mut out, mut frames) = (String::new(), Vec::new());
+    while !out.contains(until) {
+        match tokio::time::timeout(Duration::from_secs(20), request.next()).await {
+            Ok(Some(StreamItem::Chunk { data, .. })) => {
+                out.push_str(&String::from_utf8_lossy(&data))
+            }
+            Ok(Some(StreamItem::Stream { event, data })) => {
+                if let Some(text) = data.as_str().filter(|_| event == "stdout") {
+                    out.push_str(text);
+                }
+                frames.push(json!({"event": event, "data": data}));
+            }
+            other => panic!("the output ended before {until:?}: {other:?} (so far {out:?})"),
+        }
+    }
+    (out, frames)
+}
+
+#[tokio::test]
+async fn the_gateway_dials_the_runtime_and_comes_back_after_it_restarts() {
+    let alice = StaticKeypair::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("relay.token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let listener = ProviderListener::bind("127.0.0.1:0", Zeroizing::new(TOKEN.into()))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let gw = gateway_dialing(&alice, port, &token_file);
+
+    // The runtime's side: the same client as a dial-in one.
+    let runtime = next_gateway(&listener, options(&gw, &alice)).await;
+    assert_eq!(runtime.hello().principal.as_deref(), Some("alice"));
+    let ran = runtime
+        .request(
+            "shell.exec",
+            json!({"command": ["printf", "over a dialed socket"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ran["stdout"], "over a dialed socket");
+    let status = gw.cli(&["status"]);
+    let status = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(
+        status.contains(&format!(
+            "relay ws://127.0.0.1:{port}/api/v1/relay/connect: connected"
+        )),
+        "{status}"
+    );
+
+    // A persistent process, and a request still running when the runtime
+    // goes away.
+    let script = "printf one; sleep 0.3; printf two; sleep 30";
+    let mut started = runtime
+        .start("shell.start", json!({"command": ["sh", "-c", script]}))
+        .await
+        .unwrap();
+    let (_, frames) = read_output(&mut started, "one").await;
+    let process_id = frames
+        .iter()
+        .find(|f| f["event"] == "started")
+        .expect("a started frame")["data"]["process_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let running = runtime
+        .start_with_id(
+            portcullis_wire::frame::RequestId::new("left-running").unwrap(),
+            "shell.exec",
+            json!({"command": ["sleep", "20"]}),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(started);
+    drop(running);
+    drop(runtime);
+    drop(listener);
+
+    // The runtime restarts on the same port; the gateway is back within
+    // its backoff (1 s, 2 s, … with jitter).
+    let back = std::time::Instant::now();
+    let listener = loop {
+        match ProviderListener::bind(&format!("127.0.0.1:{port}"), Zeroizing::new(TOKEN.into()))
+            .await
+        {
+            Ok(listener) => break listener,
+            Err(_) if back.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("the port stayed taken: {e}"),
+        }
+    };
+    let runtime = next_gateway(&listener, options(&gw, &alice)).await;
+    assert!(
+        back.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        back.elapsed()
+    );
+    let mut attached = runtime
+        .start(
+            "shell.attach",
+            json!({"process_id": process_id, "from_seq": 0}),
+        )
+        .await
+        .unwrap();
+    let (replayed, _) = read_output(&mut attached, "onetwo").await;
+    assert!(
+        replayed.starts_with("onetwo"),
+        "exactly from sequence 0: {replayed:?}"
+    );
+
+    // The request the lost connection had running ended relay_disconnected.
+    let entries = gw.audit_entries();
+    let lost = entries
+        .iter()
+        .find(|e| {
+            e.record.request_id.as_deref() == Some("left-running") && e.record.status.is_some()
+        })
+        .expect("the lost request's entry");
+    assert_eq!(
+        lost.record.error_code.as_deref(),
+        Some("relay_disconnected"),
+        "{lost:?}"
+    );
+    assert!(
+        lost.record
+            .peer
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("ws://127.0.0.1"),
+        "{lost:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_token_stops_the_retries_until_a_reload() {
+    let alice = StaticKeypair::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("relay.token");
+    std::fs::write(&token_file, "not-the-token").unwrap();
+    let listener = ProviderListener::bind("127.0.0.1:0", Zeroizing::new(TOKEN.into()))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let gw = gateway_dialing(&alice, port, &token_file);
+    // The listener refuses it (401) and says so.
+    let refused = listener.accept(options(&gw, &alice)).await;
+    assert!(
+        matches!(refused, Err(ClientError::Upgrade(_))),
+        "{:?}",
+        refused.err()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let out = gw.cli(&["status"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if text.contains("token_refused") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        status.contains("token_refused") && status.contains("401"),
+        "{status}"
+    );
+    // No retry while refused: nothing dials in for a while.
+    let quiet = tokio::time::timeout(
+        Duration::from_secs(3),
+        listener.accept(options(&gw, &alice)),
+    )
+    .await;
+    assert!(quiet.is_err(), "the gateway retried a refused token");
+    // The right token and a reload: it connects.
+    std::fs::write(&token_file, TOKEN).unwrap();
+    assert!(gw.cli(&["policy", "reload"]).status.success());
+    let runtime = next_gateway(&listener, options(&gw, &alice)).await;
+    let listed = runtime
+        .request("file.list", json!({"root_id": "main", "path": ""}))
+        .await
+        .unwrap();
+    assert!(listed["entries"].is_array(), "{listed}");
+    let audited = gw.audit_entries();
+    assert!(audited.iter().any(|e| {
+        e.record.event.as_deref() == Some("relay_failed")
+            && e.record
+                .detail
+                .as_deref()
+                .unwrap_or("")
+                .contains("refused the bearer token")
+    }));
+}
