@@ -46,6 +46,11 @@ pub struct RelayEndpoint {
     /// CA certificates (PEM) the endpoint's TLS certificate must chain to;
     /// Debian's bundle where unset.
     pub ca_file: Option<PathBuf>,
+    /// The plain profile's principal (JSON text frames, no Noise): the
+    /// runtime is whoever holds the endpoint's TLS certificate, and its
+    /// requests run with this principal's grants. `None`: the Noise
+    /// profile, where the runtime proves a principal's key itself.
+    pub plain_principal: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -60,6 +65,12 @@ struct RawRelay {
     token_credential: Option<String>,
     #[serde(default)]
     ca_file: Option<PathBuf>,
+    /// `noise` (the default) or `plain`.
+    #[serde(default)]
+    profile: Option<String>,
+    /// The principal of a `plain` endpoint.
+    #[serde(default)]
+    principal: Option<String>,
 }
 
 /// `[artifacts]`: uploads of results to the runtime's storage.
@@ -360,10 +371,35 @@ impl Config {
                     ));
                 }
             };
+            let plain_principal = match (relay.profile.as_deref(), relay.principal) {
+                (None | Some("noise"), None) => None,
+                (None | Some("noise"), Some(_)) => {
+                    return Err(at(
+                        "`principal` is for `profile = \"plain\"`; with Noise the runtime proves \
+                         its principal's key itself"
+                            .into(),
+                    ));
+                }
+                // Over TLS, or ws:// to loopback (for tests), as every URL.
+                (Some("plain"), Some(principal)) => Some(principal),
+                (Some("plain"), None) => {
+                    return Err(at(
+                        "`profile = \"plain\"` needs `principal`: whose grants the runtime's \
+                         requests run with"
+                            .into(),
+                    ));
+                }
+                (Some(other), _) => {
+                    return Err(at(format!(
+                        "`profile` is `noise` (the default) or `plain`, not `{other}`"
+                    )));
+                }
+            };
             relays.push(RelayEndpoint {
                 url: relay.url,
                 token_file,
                 ca_file: relay.ca_file.map(resolve),
+                plain_principal,
             });
         }
         Ok(Self {
@@ -475,5 +511,64 @@ max_entries = 1_000_000
             path,
         );
         assert!(not_an_address.is_err());
+    }
+
+    #[test]
+    fn relay_endpoints_are_checked_when_the_config_loads() {
+        let base = "key_file = \"k\"\npolicy = \"p\"\nstate_dir = \"s\"\nadmin_socket = \"a\"\n";
+        let path = Path::new("/etc/portcullis/portcullis.toml");
+        let relay = |body: &str| Config::parse(&format!("{base}[[relay]]\n{body}\n"), path);
+        // Dialing out alone is a gateway: `listen` is not needed then.
+        let good = relay(
+            "url = \"wss://runtime.example/api/v1/relay/connect\"\ntoken_file = \"relay.token\"",
+        )
+        .unwrap();
+        assert!(good.listen.is_empty());
+        assert_eq!(
+            good.relays[0].token_file,
+            Path::new("/etc/portcullis/relay.token")
+        );
+        assert_eq!(good.relays[0].plain_principal, None);
+        assert!(
+            Config::parse(base, path)
+                .unwrap_err()
+                .to_string()
+                .contains("unless the gateway dials out")
+        );
+        for (body, says) in [
+            (
+                "url = \"ws://runtime.example/x\"\ntoken_file = \"t\"",
+                "loopback",
+            ),
+            (
+                "url = \"https://runtime.example/x\"\ntoken_file = \"t\"",
+                "must start with wss://",
+            ),
+            (
+                "url = \"wss://user:pw@runtime.example/x\"\ntoken_file = \"t\"",
+                "no user name",
+            ),
+            ("url = \"wss://runtime.example/x\"", "token_file"),
+            (
+                "url = \"wss://runtime.example/x\"\ntoken_file = \"t\"\nprofile = \"plain\"",
+                "needs `principal`",
+            ),
+            (
+                "url = \"wss://runtime.example/x\"\ntoken_file = \"t\"\nprincipal = \"p\"",
+                "is for `profile = \"plain\"`",
+            ),
+            (
+                "url = \"wss://runtime.example/x\"\ntoken_file = \"t\"\nprofile = \"fancy\"",
+                "not `fancy`",
+            ),
+        ] {
+            let error = relay(body).unwrap_err().to_string();
+            assert!(error.contains(says), "{body}: {error}");
+        }
+        for loopback in ["ws://127.0.0.1:9/x", "ws://localhost/x", "ws://[::1]:9/x"] {
+            relay(&format!("url = \"{loopback}\"\ntoken_file = \"t\"")).unwrap();
+        }
+        let plain = relay("url = \"wss://r.example/x\"\ntoken_file = \"t\"\nprofile = \"plain\"\nprincipal = \"rt\"").unwrap();
+        assert_eq!(plain.relays[0].plain_principal.as_deref(), Some("rt"));
     }
 }

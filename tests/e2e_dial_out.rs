@@ -258,3 +258,198 @@ async fn a_refused_token_stops_the_retries_until_a_reload() {
                 .contains("refused the bearer token")
     }));
 }
+
+/// A self-signed certificate for `localhost`, its own CA: (cert, key) PEM.
+fn certificate() -> (String, String) {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    (certified.cert.pem(), certified.signing_key.serialize_pem())
+}
+
+/// A runtime written from the relay spec alone: a TLS WebSocket endpoint
+/// that takes the gateway's upgrade with the bearer token, then speaks
+/// JSON text frames — no Noise. Serves one connection.
+async fn spec_runtime(
+    listener: &tokio::net::TcpListener,
+    acceptor: &tokio_rustls::TlsAcceptor,
+) -> tokio_tungstenite::WebSocketStream<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+    let (tcp, _) = listener.accept().await.unwrap();
+    let tls = acceptor.accept(tcp).await.expect("TLS from the gateway");
+    #[allow(clippy::result_large_err)] // tungstenite's callback type
+    let check = |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
+        assert_eq!(request.uri().path(), "/api/v1/relay/connect");
+        let auth = request.headers().get("authorization").unwrap();
+        assert_eq!(auth, &format!("Bearer {TOKEN}"));
+        Ok(response)
+    };
+    tokio_tungstenite::accept_hdr_async(tls, check)
+        .await
+        .unwrap()
+}
+
+async fn next_text(
+    ws: &mut tokio_tungstenite::WebSocketStream<
+        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    >,
+) -> Value {
+    use futures_util::StreamExt;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("a frame within 20 s")
+            .expect("the connection is open")
+            .unwrap();
+        match message {
+            tokio_tungstenite::tungstenite::Message::Text(text) => {
+                return serde_json::from_str(text.as_str()).unwrap();
+            }
+            tokio_tungstenite::tungstenite::Message::Binary(_) => {
+                panic!("a binary message in the plain profile")
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_plain_profile_speaks_the_spec_s_json_over_tls_to_a_configured_principal() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let alice = StaticKeypair::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate();
+    let (cert_file, token_file) = (dir.path().join("ca.pem"), dir.path().join("relay.token"));
+    std::fs::write(&cert_file, &cert).unwrap();
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let certs = vec![rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()];
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    use rustls::pki_types::pem::PemObject as _;
+    let server = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let relay = format!(
+        "[[relay]]\nurl = \"wss://localhost:{port}/api/v1/relay/connect\"\ntoken_file = \"{}\"\n\
+         ca_file = \"{}\"\nprofile = \"plain\"\nprincipal = \"alice\"\n",
+        token_file.display(),
+        cert_file.display()
+    );
+    let gw = Gateway::start(&policy(&alice), &relay);
+
+    let mut ws = spec_runtime(&listener, &acceptor).await;
+    let hello = next_text(&mut ws).await;
+    assert_eq!(hello["type"], "hello", "{hello}");
+    assert_eq!(hello["protocol"], "ya-environment-relay.v1");
+    assert_eq!(hello["principal"], "alice");
+    let send = |frame: Value| Message::Text(frame.to_string().into());
+    ws.send(send(json!({"type": "event", "event": "relay.accepted",
+                        "payload": {"connection_id": "plain_conn", "accepted_capabilities": ["shell"]}})))
+        .await
+        .unwrap();
+    ws.send(send(
+        json!({"type": "request", "id": "req_1", "method": "shell.exec",
+                        "params": {"command": ["printf", "plain and simple"]}}),
+    ))
+    .await
+    .unwrap();
+    let response = loop {
+        let frame = next_text(&mut ws).await;
+        if frame["type"] == "response" {
+            break frame;
+        }
+    };
+    assert_eq!(response["id"], "req_1");
+    assert_eq!(response["result"]["exit_code"], 0, "{response}");
+    assert_eq!(response["result"]["stdout"], "plain and simple");
+
+    // Every entry of the session says it was plain.
+    let entries = gw.audit_entries();
+    let entry = entries
+        .iter()
+        .find(|e| e.record.request_id.as_deref() == Some("req_1") && e.record.status.is_some())
+        .expect("the request's entry");
+    let peer = entry.record.peer.as_deref().unwrap_or("");
+    assert!(peer.starts_with("plain wss://localhost:"), "{peer}");
+    assert_eq!(entry.record.principal.as_deref(), Some("alice"));
+    assert_eq!(entry.record.connection_id.as_deref(), Some("plain_conn"));
+
+    // The runtime goes away; the gateway comes back.
+    drop(ws);
+    let mut ws = spec_runtime(&listener, &acceptor).await;
+    assert_eq!(next_text(&mut ws).await["type"], "hello");
+}
+
+#[tokio::test]
+async fn hostile_endpoints_are_failures_to_retry_not_a_crash() {
+    use futures_util::SinkExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let alice = StaticKeypair::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("relay.token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let relay = format!(
+        "[limits]\nheader_timeout = \"1s\"\nhandshake_timeout = \"2s\"\n\
+         [[relay]]\nurl = \"ws://127.0.0.1:{port}/api/v1/relay/connect\"\ntoken_file = \"{}\"\n",
+        token_file.display()
+    );
+    let gw = Gateway::start(&policy(&alice), &relay);
+    let mut buffer = [0u8; 4096];
+    // Garbage instead of an HTTP answer; a 500; an upgrade that never
+    // comes; an upgrade, then a text message where the Noise handshake's
+    // first binary message belongs.
+    let (mut tcp, _) = listener.accept().await.unwrap();
+    let _ = tcp.read(&mut buffer).await;
+    tcp.write_all(b"\x00\xffgarbage\r\n\r\n").await.unwrap();
+    drop(tcp);
+    let (mut tcp, _) = listener.accept().await.unwrap();
+    let _ = tcp.read(&mut buffer).await;
+    tcp.write_all(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    drop(tcp);
+    let (mut stalled, _) = listener.accept().await.unwrap();
+    let _ = stalled.read(&mut buffer).await;
+    let (tcp, _) = listener.accept().await.unwrap();
+    drop(stalled);
+    let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+    ws.send(tokio_tungstenite::tungstenite::Message::Text("{}".into()))
+        .await
+        .unwrap();
+    // And still it comes back, to a runtime that is one.
+    let runtime =
+        ProviderListener::from_std(listener.into_std().unwrap(), Zeroizing::new(TOKEN.into()))
+            .unwrap();
+    let client = next_gateway(&runtime, options(&gw, &alice)).await;
+    client
+        .request("file.list", json!({"root_id": "main", "path": ""}))
+        .await
+        .unwrap();
+
+    let entries = gw.audit_entries();
+    let failed: Vec<String> = entries
+        .iter()
+        .filter(|e| e.record.event.as_deref() == Some("relay_failed"))
+        .filter_map(|e| e.record.detail.clone())
+        .collect();
+    for says in ["the upgrade", "500", "no WebSocket upgrade in time"] {
+        assert!(
+            failed.iter().any(|d| d.contains(says)),
+            "no failure saying {says:?}: {failed:?}"
+        );
+    }
+    assert!(
+        entries
+            .iter()
+            .any(|e| e.record.event.as_deref() == Some("handshake_failed")),
+        "the text message in the handshake was not a handshake failure"
+    );
+}

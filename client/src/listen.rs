@@ -32,6 +32,19 @@ impl ProviderListener {
         })
     }
 
+    /// Takes a listening socket already bound (e.g. handed over by a
+    /// supervisor).
+    pub fn from_std(
+        listener: std::net::TcpListener,
+        token: Zeroizing<String>,
+    ) -> std::io::Result<Self> {
+        listener.set_nonblocking(true)?;
+        Ok(Self {
+            listener: TcpListener::from_std(listener)?,
+            token,
+        })
+    }
+
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
@@ -62,7 +75,10 @@ impl ProviderListener {
     ) -> Result<Client, ClientError> {
         let _ = tcp.set_nodelay(true);
         let expected = format!("Bearer {}", self.token.as_str());
+        // tungstenite's callback type; its error is a whole HTTP response.
+        #[allow(clippy::result_large_err)]
         let check = |request: &Request, response: Response| {
+            #[allow(clippy::result_large_err)]
             let refuse = |status: StatusCode, why: &str| {
                 let mut refusal = ErrorResponse::new(Some(why.to_string()));
                 *refusal.status_mut() = status;

@@ -29,6 +29,7 @@ use super::peer::Peer;
 use super::session;
 use crate::config::RelayEndpoint;
 use portcullis_wire::channel::ws_config;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 /// The first wait after a failure, and the longest.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -194,13 +195,10 @@ async fn open(
         .map_err(|_| DialError::Failed(format!("{host}:{port}: no connection within 10 s")))?
         .map_err(|e| DialError::Failed(format!("{host}:{port}: {e}")))?;
     let _ = tcp.set_nodelay(true);
-    let peer = Peer::Relay {
-        url: relay.url.clone(),
-    };
     let limit = gateway.config.limits.header_timeout;
     if !tls {
-        let ws = upgrade(request, tcp, limit).await?;
-        return Ok(Box::pin(session::over_websocket(gateway.clone(), ws, peer)));
+        let ws = upgrade(request, tcp, limit, config(gateway, relay)).await?;
+        return Ok(serve(gateway, relay, ws));
     }
     let connector = crate::tls::client_connector(relay.ca_file.as_deref())
         .map_err(|e| DialError::Failed(format!("TLS: {e}")))?;
@@ -210,8 +208,40 @@ async fn open(
         .await
         .map_err(|_| DialError::Failed("TLS: no handshake in time".into()))?
         .map_err(|e| DialError::Failed(format!("TLS: {e}")))?;
-    let ws = upgrade(request, stream, limit).await?;
-    Ok(Box::pin(session::over_websocket(gateway.clone(), ws, peer)))
+    let ws = upgrade(request, stream, limit, config(gateway, relay)).await?;
+    Ok(serve(gateway, relay, ws))
+}
+
+/// The WebSocket limits of the endpoint's profile.
+fn config(gateway: &Gateway, relay: &RelayEndpoint) -> WebSocketConfig {
+    match relay.plain_principal {
+        Some(_) => portcullis_wire::plain::plain_ws_config(gateway.config.limits.max_frame),
+        None => ws_config(),
+    }
+}
+
+/// The session on an upgraded connection, in the endpoint's profile.
+fn serve<S>(
+    gateway: &Arc<Gateway>,
+    relay: &RelayEndpoint,
+    ws: tokio_tungstenite::WebSocketStream<S>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = Peer::Relay {
+        url: relay.url.clone(),
+        plain: relay.plain_principal.is_some(),
+    };
+    match relay.plain_principal.clone() {
+        Some(principal) => Box::pin(session::plain_over_websocket(
+            gateway.clone(),
+            ws,
+            peer,
+            principal,
+        )),
+        None => Box::pin(session::over_websocket(gateway.clone(), ws, peer)),
+    }
 }
 
 /// The WebSocket upgrade, bounded by `limit`; 401 and 403 say the token
@@ -220,6 +250,7 @@ async fn upgrade<S>(
     request: tokio_tungstenite::tungstenite::handshake::client::Request,
     stream: S,
     limit: Duration,
+    config: WebSocketConfig,
 ) -> Result<tokio_tungstenite::WebSocketStream<S>, DialError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -227,7 +258,7 @@ where
     use tokio_tungstenite::tungstenite::Error;
     let upgraded = timeout(
         limit,
-        tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config())),
+        tokio_tungstenite::client_async_with_config(request, stream, Some(config)),
     )
     .await
     .map_err(|_| DialError::Failed("no WebSocket upgrade in time".into()))?;

@@ -9,8 +9,9 @@ use std::net::SocketAddr;
 pub enum Peer {
     /// A client that dialed in over TCP (WebSocket, optionally TLS).
     Tcp { addr: SocketAddr },
-    /// A runtime's relay endpoint the gateway dialed (`[[relay]]`).
-    Relay { url: String },
+    /// A runtime's relay endpoint the gateway dialed (`[[relay]]`), in
+    /// the Noise or the plain profile.
+    Relay { url: String, plain: bool },
 }
 
 impl fmt::Display for Peer {
@@ -18,7 +19,9 @@ impl fmt::Display for Peer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Tcp { addr } => write!(f, "{addr}"),
-            Self::Relay { url } => write!(f, "{url}"),
+            // Every entry of a plain session says so, in its peer.
+            Self::Relay { url, plain: true } => write!(f, "plain {url}"),
+            Self::Relay { url, plain: false } => write!(f, "{url}"),
         }
     }
 }

@@ -63,6 +63,8 @@ pub enum ChannelError {
     Noise(#[from] portcullis_crypto::Error),
     #[error("handshake: {0}")]
     Handshake(String),
+    #[error("plain profile: {0}")]
+    Plain(String),
     #[error("timed out")]
     Timeout,
 }

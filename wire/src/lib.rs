@@ -13,4 +13,5 @@
 pub mod channel;
 pub mod frame;
 pub mod keyfile;
+pub mod plain;
 pub mod record;

@@ -20,11 +20,30 @@ use crate::server::state::Gateway;
 pub struct Opened<R, W> {
     pub reader: R,
     pub writer: W,
-    /// The client's authenticated static key.
-    pub client_key: portcullis_crypto::PublicKey,
-    /// What the client sent to authenticate (`{}` or `{"token": …}`);
-    /// zeroized on drop.
-    pub credentials: zeroize::Zeroizing<Vec<u8>>,
+    pub identity: Identity,
+}
+
+/// Who the peer proved to be, as far as the transport can say.
+pub enum Identity {
+    /// The Noise channel: the client's authenticated static key, and what
+    /// it sent to authenticate (`{}` or `{"token": …}`; zeroized on drop).
+    Noise {
+        client_key: portcullis_crypto::PublicKey,
+        credentials: zeroize::Zeroizing<Vec<u8>>,
+    },
+    /// The plain profile: the principal the operator configured for the
+    /// endpoint, whose TLS certificate the gateway checked.
+    Configured { principal: String },
+}
+
+impl Identity {
+    /// As logs and security events name it.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Self::Noise { client_key, .. } => format!("key {}", client_key.fingerprint()),
+            Self::Configured { principal } => format!("configured principal {principal}"),
+        }
+    }
 }
 
 /// The Noise handshake over an upgraded WebSocket (bounded by
@@ -38,6 +57,26 @@ where
     if let Some(opened) = handshake(&gateway, ws, &peer).await {
         run(gateway, opened, peer, started).await
     }
+}
+
+/// A plain-profile WebSocket (no handshake: its TLS was checked when it
+/// was opened), then the session as `principal`.
+pub async fn plain_over_websocket<S>(
+    gateway: Arc<Gateway>,
+    ws: WebSocketStream<S>,
+    peer: Peer,
+    principal: String,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let started = Instant::now();
+    let (writer, reader) = portcullis_wire::plain::split(ws, gateway.config.limits.max_frame);
+    let opened = Box::new(Opened {
+        reader,
+        writer,
+        identity: Identity::Configured { principal },
+    });
+    run(gateway, opened, peer, started).await
 }
 
 /// The handshake on its own, so that nothing of it stays in the session's
@@ -58,8 +97,10 @@ where
         Ok(Ok(accepted)) => Some(Box::new(Opened {
             reader: accepted.reader,
             writer: accepted.writer,
-            client_key: accepted.client_key,
-            credentials: accepted.credentials,
+            identity: Identity::Noise {
+                client_key: accepted.client_key,
+                credentials: accepted.credentials,
+            },
         })),
         Ok(Err(e)) => {
             debug!(%peer, "handshake failed: {e}");
@@ -105,12 +146,20 @@ pub(super) enum AuthError {
 }
 
 /// A token in message 3 names the principal; without one, the client's
-/// authenticated static key does.
-pub(super) fn authenticate(
-    policy: &Policy,
-    key: &portcullis_crypto::PublicKey,
-    credentials: &[u8],
-) -> Result<String, AuthError> {
+/// authenticated static key does. A configured principal is taken as it
+/// is, if it may act now.
+pub(super) fn authenticate(policy: &Policy, identity: &Identity) -> Result<String, AuthError> {
+    let (key, credentials) = match identity {
+        Identity::Noise {
+            client_key,
+            credentials,
+        } => (client_key, credentials),
+        Identity::Configured { principal } => {
+            principal_status(policy, principal, jiff::Timestamp::now())
+                .map_err(|(_, rule)| AuthError::NotActive(rule))?;
+            return Ok(principal.clone());
+        }
+    };
     let credentials: Map<String, Value> =
         serde_json::from_slice(credentials).map_err(|_| AuthError::NotAnObject)?;
     let principal = match credentials.get("token") {

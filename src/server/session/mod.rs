@@ -20,7 +20,7 @@ mod to_runtime;
 mod writer;
 
 use handshake::authenticate;
-pub use handshake::{Opened, over_websocket};
+pub use handshake::{Identity, Opened, over_websocket, plain_over_websocket};
 pub use hello::capabilities_json;
 use hello::{granted_names, tools_by_name};
 
@@ -82,14 +82,12 @@ pub async fn run<R, W>(
     let limits = gateway.config.limits;
     let mut writer = accepted.writer;
     let policy = gateway.current_policy();
-    let principal = match authenticate(&policy, &accepted.client_key, &accepted.credentials) {
+    let principal = match authenticate(&policy, &accepted.identity) {
         Ok(principal) => principal,
         Err(why) => {
-            warn!(%peer, key = %accepted.client_key.fingerprint(), "authentication refused: {why}");
-            let detail = format!(
-                "peer {peer}, key {}: {why}",
-                accepted.client_key.fingerprint()
-            );
+            let who = accepted.identity.describe();
+            warn!(%peer, identity = %who, "authentication refused: {why}");
+            let detail = format!("peer {peer}, {who}: {why}");
             gateway.security_event("auth_refused", None, detail);
             return writer.close(true, "authentication failed").await;
         }
