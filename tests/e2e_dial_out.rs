@@ -107,6 +107,14 @@ async fn the_gateway_dials_the_runtime_and_comes_back_after_it_restarts() {
         .await
         .unwrap();
     assert_eq!(ran["stdout"], "over a dialed socket");
+    let metrics = gw.cli(&["metrics"]);
+    let metrics = String::from_utf8_lossy(&metrics.stdout).to_string();
+    assert!(
+        metrics.contains(&format!(
+            "portcullis_relay_connected{{url=\"ws://127.0.0.1:{port}/api/v1/relay/connect\"}} 1"
+        )),
+        "{metrics}"
+    );
     let status = gw.cli(&["status"]);
     let status = String::from_utf8_lossy(&status.stdout).to_string();
     assert!(
@@ -440,7 +448,7 @@ async fn hostile_endpoints_are_failures_to_retry_not_a_crash() {
         .filter(|e| e.record.event.as_deref() == Some("relay_failed"))
         .filter_map(|e| e.record.detail.clone())
         .collect();
-    for says in ["the upgrade", "500", "no WebSocket upgrade in time"] {
+    for says in ["upgrade: ", "answered 500", "upgrade: no answer in time"] {
         assert!(
             failed.iter().any(|d| d.contains(says)),
             "no failure saying {says:?}: {failed:?}"
@@ -451,5 +459,101 @@ async fn hostile_endpoints_are_failures_to_retry_not_a_crash() {
             .iter()
             .any(|e| e.record.event.as_deref() == Some("handshake_failed")),
         "the text message in the handshake was not a handshake failure"
+    );
+}
+
+#[tokio::test]
+async fn doctor_checks_each_endpoint_as_the_daemon_connects() {
+    let alice = StaticKeypair::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (good, bad) = (dir.path().join("good.token"), dir.path().join("bad.token"));
+    std::fs::write(&good, TOKEN).unwrap();
+    std::fs::write(&bad, "wrong").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let runtime = ProviderListener::bind("127.0.0.1:0", Zeroizing::new(TOKEN.into()))
+        .await
+        .unwrap();
+    let port = runtime.local_addr().unwrap().port();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = |port: u16| format!("ws://127.0.0.1:{port}/api/v1/relay/connect");
+    let relays = format!(
+        "[[relay]]\nurl = \"{}\"\ntoken_file = \"{}\"\n[[relay]]\nurl = \"{}\"\ntoken_file = \"{}\"\n\
+         [[relay]]\nurl = \"{}\"\ntoken_file = \"{}\"\n",
+        url(port),
+        good.display(),
+        url(port),
+        bad.display(),
+        url(closed),
+        good.display()
+    );
+    let gw = Gateway::start(&policy(&alice), &relays);
+    let key = gw.key;
+    // The listener answers the daemon's own dials and the doctor's alike:
+    // keep taking connections while the doctor runs.
+    let accepting = tokio::spawn(async move {
+        loop {
+            let _ = runtime
+                .accept(ClientOptions::new(
+                    "ws://unused",
+                    key,
+                    StaticKeypair::generate().unwrap(),
+                ))
+                .await;
+        }
+    });
+    let out = tokio::task::spawn_blocking({
+        let config = gw.dir.join("portcullis.toml");
+        move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+                .args(["doctor", "--json", "--config"])
+                .arg(config)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    accepting.abort();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checks = report["checks"].as_array().unwrap();
+    let relay_checks: Vec<&Value> = checks
+        .iter()
+        .filter(|c| c["check"].as_str().unwrap_or("").starts_with("relay "))
+        .collect();
+    // The bad token's file is readable by others: said, as a warning.
+    let token_warnings: Vec<&&Value> = relay_checks
+        .iter()
+        .filter(|c| c["check"].as_str().unwrap().ends_with(" token"))
+        .collect();
+    assert_eq!(token_warnings.len(), 1, "{report}");
+    assert!(
+        token_warnings[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("bad.token")
+    );
+    let relay_checks: Vec<&Value> = relay_checks
+        .into_iter()
+        .filter(|c| !c["check"].as_str().unwrap().ends_with(" token"))
+        .collect();
+    assert_eq!(relay_checks.len(), 3, "{report}");
+    assert_eq!(relay_checks[0]["status"], "ok", "{report}");
+    assert_eq!(relay_checks[1]["status"], "fail");
+    assert!(
+        relay_checks[1]["detail"].as_str().unwrap().contains("401"),
+        "{report}"
+    );
+    assert_eq!(relay_checks[2]["status"], "fail");
+    assert!(
+        relay_checks[2]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("TCP: "),
+        "{report}"
     );
 }

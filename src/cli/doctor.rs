@@ -119,6 +119,7 @@ fn check_installation(config: &Config, report: &mut Report) {
     }
     check_sandbox(report);
     check_listen(config, report);
+    check_relays(config, report);
     check_admin_socket(&config.admin_socket, report);
 }
 
@@ -284,6 +285,58 @@ fn check_listen(config: &Config, report: &mut Report) {
                 "in use: the gateway (or portcullis.socket) already listens there, or another program does (`ss -ltnp`)",
             ),
             Err(e) => report.add(Status::Fail, what, format!("cannot listen: {e}")),
+        }
+    }
+}
+
+/// Each `[[relay]]` endpoint: its token file, then DNS, TCP, TLS and the
+/// upgrade with the token, as the daemon connects (and closes at once).
+fn check_relays(config: &Config, report: &mut Report) {
+    if config.relays.is_empty() {
+        return;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            return report.add(
+                Status::Fail,
+                "relay",
+                format!("cannot start a runtime: {e}"),
+            );
+        }
+    };
+    for relay in &config.relays {
+        let what = format!("relay {}", relay.url);
+        if let Ok(meta) = std::fs::metadata(&relay.token_file)
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            report.add(
+                Status::Warn,
+                format!("{what} token"),
+                format!(
+                    "{} is readable by others (mode {:o}): `chmod 600` it",
+                    relay.token_file.display(),
+                    meta.permissions().mode() & 0o777
+                ),
+            );
+        }
+        let limit = config.limits.header_timeout;
+        match runtime.block_on(portcullis::server::dial::probe(relay, limit)) {
+            Ok(()) => {
+                let tls = match relay.url.starts_with("wss://") {
+                    true => "TLS checked, ",
+                    false => "no TLS (loopback), ",
+                };
+                report.add(
+                    Status::Ok,
+                    what,
+                    format!("reached; {tls}the upgrade with the bearer token accepted"),
+                )
+            }
+            Err(e) => report.add(Status::Fail, what, e),
         }
     }
 }

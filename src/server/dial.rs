@@ -166,12 +166,34 @@ fn backoff(attempts: u32) -> Duration {
     full.mul_f64(1.0 - fraction / 2.0)
 }
 
-/// One connection: TCP, TLS for `wss://`, the upgrade with the bearer
-/// token. Resolves to the session, to be awaited while it lasts.
+/// One connection, served: [`connect`], then the session in the
+/// endpoint's profile. Resolves to the session, to be awaited while it
+/// lasts.
 async fn open(
     gateway: &Arc<Gateway>,
     relay: &RelayEndpoint,
 ) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>, DialError> {
+    let limit = gateway.config.limits.header_timeout;
+    Ok(match connect(relay, limit, config(gateway, relay)).await? {
+        Upgraded::Tcp(ws) => serve(gateway, relay, ws),
+        Upgraded::Tls(ws) => serve(gateway, relay, ws),
+    })
+}
+
+/// An upgraded connection to an endpoint, with TLS or (to loopback)
+/// without.
+enum Upgraded {
+    Tcp(tokio_tungstenite::WebSocketStream<TcpStream>),
+    Tls(tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+/// DNS, TCP, TLS for `wss://`, and the upgrade with the bearer token:
+/// each step bounded, its failure named.
+async fn connect(
+    relay: &RelayEndpoint,
+    limit: Duration,
+    config: WebSocketConfig,
+) -> Result<Upgraded, DialError> {
     let token = read_token(relay)?;
     let mut request = relay
         .url
@@ -190,15 +212,30 @@ async fn open(
         .trim_end_matches(']')
         .to_string();
     let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-    let tcp = timeout(CONNECT_TIMEOUT, TcpStream::connect((host.as_str(), port)))
-        .await
-        .map_err(|_| DialError::Failed(format!("{host}:{port}: no connection within 10 s")))?
-        .map_err(|e| DialError::Failed(format!("{host}:{port}: {e}")))?;
+    let addresses: Vec<std::net::SocketAddr> = timeout(
+        CONNECT_TIMEOUT,
+        tokio::net::lookup_host((host.as_str(), port)),
+    )
+    .await
+    .map_err(|_| DialError::Failed(format!("DNS: no answer for {host} within 10 s")))?
+    .map_err(|e| DialError::Failed(format!("DNS: {host}: {e}")))?
+    .collect();
+    let mut last = format!("TCP: {host} has no address");
+    let mut connected = None;
+    for address in addresses {
+        match timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await {
+            Ok(Ok(tcp)) => {
+                connected = Some(tcp);
+                break;
+            }
+            Ok(Err(e)) => last = format!("TCP: {address}: {e}"),
+            Err(_) => last = format!("TCP: {address}: no connection within 10 s"),
+        }
+    }
+    let tcp = connected.ok_or(DialError::Failed(last))?;
     let _ = tcp.set_nodelay(true);
-    let limit = gateway.config.limits.header_timeout;
     if !tls {
-        let ws = upgrade(request, tcp, limit, config(gateway, relay)).await?;
-        return Ok(serve(gateway, relay, ws));
+        return Ok(Upgraded::Tcp(upgrade(request, tcp, limit, config).await?));
     }
     let connector = crate::tls::client_connector(relay.ca_file.as_deref())
         .map_err(|e| DialError::Failed(format!("TLS: {e}")))?;
@@ -208,8 +245,27 @@ async fn open(
         .await
         .map_err(|_| DialError::Failed("TLS: no handshake in time".into()))?
         .map_err(|e| DialError::Failed(format!("TLS: {e}")))?;
-    let ws = upgrade(request, stream, limit, config(gateway, relay)).await?;
-    Ok(serve(gateway, relay, ws))
+    Ok(Upgraded::Tls(
+        upgrade(request, stream, limit, config).await?,
+    ))
+}
+
+/// `portcullis doctor`'s check of an endpoint: DNS, TCP, TLS and the
+/// upgrade with the token, then a normal close (no session).
+pub async fn probe(relay: &RelayEndpoint, limit: Duration) -> Result<(), String> {
+    use futures_util::SinkExt as _;
+    let close = tokio_tungstenite::tungstenite::Message::Close(None);
+    match connect(relay, limit, ws_config()).await {
+        Ok(Upgraded::Tcp(mut ws)) => {
+            let _ = timeout(limit, ws.send(close)).await;
+            Ok(())
+        }
+        Ok(Upgraded::Tls(mut ws)) => {
+            let _ = timeout(limit, ws.send(close)).await;
+            Ok(())
+        }
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The WebSocket limits of the endpoint's profile.
@@ -261,17 +317,17 @@ where
         tokio_tungstenite::client_async_with_config(request, stream, Some(config)),
     )
     .await
-    .map_err(|_| DialError::Failed("no WebSocket upgrade in time".into()))?;
+    .map_err(|_| DialError::Failed("upgrade: no answer in time".into()))?;
     match upgraded {
         Ok((ws, _)) => Ok(ws),
         Err(Error::Http(response)) if matches!(response.status().as_u16(), 401 | 403) => {
             Err(DialError::TokenRefused(response.status().as_u16()))
         }
         Err(Error::Http(response)) => Err(DialError::Failed(format!(
-            "the endpoint answered {} to the upgrade",
+            "upgrade: the endpoint answered {}",
             response.status()
         ))),
-        Err(e) => Err(DialError::Failed(format!("the upgrade: {e}"))),
+        Err(e) => Err(DialError::Failed(format!("upgrade: {e}"))),
     }
 }
 

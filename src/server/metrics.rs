@@ -171,6 +171,37 @@ impl Metrics {
             "Audit entries committed since the gateway started.",
             &one(commits.entries as f64),
         );
+        let relays: Vec<_> = gateway
+            .relays
+            .iter()
+            .filter_map(|r| r.lock().ok().map(|s| s.clone()))
+            .collect();
+        if !relays.is_empty() {
+            let by_url = |value: &dyn Fn(&crate::server::dial::EndpointStatus) -> f64| {
+                relays
+                    .iter()
+                    .map(|r| (format!("{{url=\"{}\"}}", escape(&r.url)), value(r)))
+                    .collect::<Vec<_>>()
+            };
+            metric(
+                "portcullis_relay_connected",
+                "gauge",
+                "1 while the gateway is connected to the [[relay]] endpoint.",
+                &by_url(&|r| f64::from(u8::from(r.state == "connected"))),
+            );
+            metric(
+                "portcullis_relay_connections_total",
+                "counter",
+                "Connections made to the [[relay]] endpoint.",
+                &by_url(&|r| r.connections as f64),
+            );
+            metric(
+                "portcullis_relay_failed_attempts",
+                "gauge",
+                "Failed attempts since the endpoint's last healthy connection.",
+                &by_url(&|r| r.attempts as f64),
+            );
+        }
         metric(
             "portcullis_audit_writing",
             "gauge",
