@@ -176,7 +176,7 @@ async fn open(
     let limit = gateway.config.limits.header_timeout;
     Ok(match connect(relay, limit, config(gateway, relay)).await? {
         Upgraded::Tcp(ws) => serve(gateway, relay, ws),
-        Upgraded::Tls(ws) => serve(gateway, relay, ws),
+        Upgraded::Tls(ws) => serve(gateway, relay, *ws),
     })
 }
 
@@ -184,7 +184,7 @@ async fn open(
 /// without.
 enum Upgraded {
     Tcp(tokio_tungstenite::WebSocketStream<TcpStream>),
-    Tls(tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>),
+    Tls(Box<tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>>),
 }
 
 /// DNS, TCP, TLS for `wss://`, and the upgrade with the bearer token:
@@ -245,9 +245,8 @@ async fn connect(
         .await
         .map_err(|_| DialError::Failed("TLS: no handshake in time".into()))?
         .map_err(|e| DialError::Failed(format!("TLS: {e}")))?;
-    Ok(Upgraded::Tls(
-        upgrade(request, stream, limit, config).await?,
-    ))
+    let ws = upgrade(request, stream, limit, config).await?;
+    Ok(Upgraded::Tls(Box::new(ws)))
 }
 
 /// `portcullis doctor`'s check of an endpoint: DNS, TCP, TLS and the
