@@ -175,15 +175,15 @@ async fn open(
 ) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>, DialError> {
     let limit = gateway.config.limits.header_timeout;
     Ok(match connect(relay, limit, config(gateway, relay)).await? {
-        Upgraded::Tcp(ws) => serve(gateway, relay, ws),
+        Upgraded::Tcp(ws) => serve(gateway, relay, *ws),
         Upgraded::Tls(ws) => serve(gateway, relay, *ws),
     })
 }
 
 /// An upgraded connection to an endpoint, with TLS or (to loopback)
-/// without.
+/// without (boxed: the TLS state is large).
 enum Upgraded {
-    Tcp(tokio_tungstenite::WebSocketStream<TcpStream>),
+    Tcp(Box<tokio_tungstenite::WebSocketStream<TcpStream>>),
     Tls(Box<tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>>),
 }
 
@@ -235,7 +235,8 @@ async fn connect(
     let tcp = connected.ok_or(DialError::Failed(last))?;
     let _ = tcp.set_nodelay(true);
     if !tls {
-        return Ok(Upgraded::Tcp(upgrade(request, tcp, limit, config).await?));
+        let ws = upgrade(request, tcp, limit, config).await?;
+        return Ok(Upgraded::Tcp(Box::new(ws)));
     }
     let connector = crate::tls::client_connector(relay.ca_file.as_deref())
         .map_err(|e| DialError::Failed(format!("TLS: {e}")))?;
