@@ -38,6 +38,11 @@ pub fn binary() -> Result<PathBuf, String> {
 
 impl Gateway {
     pub fn start(dir: &Path) -> Result<Self, String> {
+        Self::start_with(dir, "")
+    }
+
+    /// [`start`](Self::start) with more of the config (e.g. `[[relay]]`).
+    pub fn start_with(dir: &Path, extra_config: &str) -> Result<Self, String> {
         let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
         std::fs::create_dir_all(dir.join("root")).map_err(|e| fail("the bench directory", &e))?;
         let gateway_key = portcullis_wire::keyfile::generate(&dir.join("gateway.key"), true)
@@ -76,7 +81,9 @@ max_processes = 512
             "listen = [\"127.0.0.1:0\"]\nkey_file = \"gateway.key\"\npolicy = \"policy.toml\"\n\
              state_dir = \"state\"\nadmin_socket = \"admin.sock\"\n\n[limits]\n\
              max_connections = 12000\nmax_sessions_per_principal = 12000\nmax_in_flight = 64\n\
-             idle_timeout = \"10m\"\nhandshake_timeout = \"60s\"\n",
+             idle_timeout = \"10m\"\nhandshake_timeout = \"60s\"\n"
+            .to_string()
+                + extra_config,
         )
         .map_err(|e| fail("the config", &e))?;
         let mut child = Command::new(binary()?)

@@ -84,6 +84,8 @@ enum Part {
     Writes,
     Bulk,
     Scale,
+    /// Dial-out beside dial-in on one gateway.
+    Dial,
 }
 
 impl Args {
@@ -197,6 +199,9 @@ async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
         }
     }
     drop(gateway);
+    if args.wants(Part::Dial) {
+        rows::dial(args, work, &mut results).await?;
+    }
     if args.wants(Part::Scale) {
         // The scale test runs on a gateway of its own, started fresh.
         let scale_gateway = gateway::Gateway::start(&work.join("scale"))?;

@@ -792,3 +792,68 @@ fn make_file(path: &std::path::Path, bytes: u64) -> Result<(), String> {
         false => Err(format!("head -c {bytes} /dev/urandom: {status}")),
     }
 }
+
+/// Dial-out beside dial-in (issue 37): one gateway listens and dials a
+/// runtime listener in this process; a small request's round trip (an
+/// audited `file.stat`, one in flight) over the connection it dialed,
+/// beside the same over a connection the runtime dialed. The compared
+/// column is dial-in, not OpenSSH.
+pub async fn dial(args: &Args, work: &std::path::Path, results: &mut Results) -> Result<(), String> {
+    use portcullis_client::ClientOptions;
+    use portcullis_client::listen::ProviderListener;
+    let token = "bench-relay-token";
+    let dir = work.join("dial");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::write(dir.join("relay.token"), token).map_err(|e| format!("the token: {e}"))?;
+    let listener = ProviderListener::bind("127.0.0.1:0", zeroize::Zeroizing::new(token.into()))
+        .await
+        .map_err(|e| format!("the runtime listener: {e}"))?;
+    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    let relay = format!(
+        "\n[[relay]]\nurl = \"ws://127.0.0.1:{port}/api/v1/relay/connect\"\ntoken_file = \"{}\"\n",
+        dir.join("relay.token").display()
+    );
+    let gateway = Gateway::start_with(&dir, &relay)?;
+    let options = ClientOptions::new("ws://unused", gateway.key, gateway.identity.clone());
+    let dialed = listener
+        .accept(options)
+        .await
+        .map_err(|e| format!("the gateway's dial: {e}"))?;
+    dialed.accept_all().await.map_err(|e| e.to_string())?;
+    let direct = gateway.session().await.map_err(|e| e.to_string())?;
+    std::fs::write(gateway.root.join("small.txt"), "x").map_err(|e| e.to_string())?;
+    let stat = json!({"root_id": "work", "path": "small.txt"});
+    let mut figures: [Spread; 4] = Default::default();
+    for round in 0..args.rounds {
+        eprintln!("dial-out beside dial-in, round {}", round + 1);
+        for (i, client) in [&dialed, &direct].into_iter().enumerate() {
+            let mut latencies = Latencies::default();
+            for _ in 0..args.samples {
+                let started = Instant::now();
+                client
+                    .request("file.stat", stat.clone())
+                    .await
+                    .map_err(|e| format!("file.stat: {e}"))?;
+                latencies.push(started.elapsed());
+            }
+            figures[i].push(latencies.quantile_ms(0.5));
+            figures[i + 2].push(latencies.quantile_ms(0.99));
+        }
+    }
+    let [out50, in50, out99, in99] = figures;
+    let note = "compared column: the same gateway, dialed in (not OpenSSH)";
+    for (q, out, inward) in [("p50", out50, in50), ("p99", out99, in99)] {
+        let mut row = Row::new(
+            "Dial-out",
+            format!("file.stat round trip over the connection the gateway dialed, 1 in flight, {q}"),
+            "ms",
+            out,
+            inward,
+            Better::Lower,
+            3,
+        );
+        row.note = note.into();
+        results.rows.push(row);
+    }
+    Ok(())
+}
