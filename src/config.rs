@@ -40,9 +40,9 @@ pub struct Config {
 pub struct RelayEndpoint {
     /// `wss://host[:port]/path` (`ws://` only to a loopback host).
     pub url: String,
-    /// The file holding the bearer token the endpoint expects (read at
-    /// each connection, so a rotated token is picked up).
-    pub token_file: PathBuf,
+    /// Where the bearer token the endpoint expects is read (at each
+    /// connection, so a rotated token is picked up).
+    pub token: TokenSource,
     /// CA certificates (PEM) the endpoint's TLS certificate must chain to;
     /// Debian's bundle where unset.
     pub ca_file: Option<PathBuf>,
@@ -51,6 +51,32 @@ pub struct RelayEndpoint {
     /// requests run with this principal's grants. `None`: the Noise
     /// profile, where the runtime proves a principal's key itself.
     pub plain_principal: Option<String>,
+}
+
+/// Where a relay endpoint's bearer token is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    File(PathBuf),
+    /// A systemd credential's name (`LoadCredential=`): the file of that
+    /// name in `$CREDENTIALS_DIRECTORY`, which only the service has.
+    Credential(String),
+}
+
+impl TokenSource {
+    /// The file to read now.
+    pub fn path(&self) -> Result<PathBuf, String> {
+        match self {
+            Self::File(path) => Ok(path.clone()),
+            Self::Credential(name) => std::env::var_os("CREDENTIALS_DIRECTORY")
+                .map(|dir| PathBuf::from(dir).join(name))
+                .ok_or_else(|| {
+                    format!(
+                        "token_credential `{name}`: $CREDENTIALS_DIRECTORY is not set (is the \
+                         credential loaded with LoadCredential= in the service?)"
+                    )
+                }),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -352,16 +378,10 @@ impl Config {
             let at =
                 |m: String| value_error(&format!("`[[relay]]` #{} ({}): {m}", n + 1, relay.url));
             relay_url_allowed(&relay.url).map_err(|m| at(m.to_string()))?;
-            let token_file = match (relay.token_file, &relay.token_credential) {
-                (Some(file), None) => resolve(file),
-                (None, Some(name)) => {
-                    let dir = std::env::var_os("CREDENTIALS_DIRECTORY").ok_or_else(|| {
-                        at(format!(
-                            "token_credential `{name}` needs systemd's $CREDENTIALS_DIRECTORY \
-                             (LoadCredential=); use token_file elsewhere"
-                        ))
-                    })?;
-                    PathBuf::from(dir).join(name)
+            let token = match (relay.token_file, &relay.token_credential) {
+                (Some(file), None) => TokenSource::File(resolve(file)),
+                (None, Some(name)) if !name.is_empty() && !name.contains('/') => {
+                    TokenSource::Credential(name.clone())
                 }
                 _ => {
                     return Err(at(
@@ -397,7 +417,7 @@ impl Config {
             };
             relays.push(RelayEndpoint {
                 url: relay.url,
-                token_file,
+                token,
                 ca_file: relay.ca_file.map(resolve),
                 plain_principal,
             });
@@ -525,8 +545,8 @@ max_entries = 1_000_000
         .unwrap();
         assert!(good.listen.is_empty());
         assert_eq!(
-            good.relays[0].token_file,
-            Path::new("/etc/portcullis/relay.token")
+            good.relays[0].token,
+            TokenSource::File("/etc/portcullis/relay.token".into())
         );
         assert_eq!(good.relays[0].plain_principal, None);
         assert!(

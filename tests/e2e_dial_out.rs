@@ -557,3 +557,50 @@ async fn doctor_checks_each_endpoint_as_the_daemon_connects() {
         "{report}"
     );
 }
+
+#[tokio::test]
+async fn every_verb_takes_a_gateway_that_dials_in_with_listen_urls() {
+    let dir = tempfile::tempdir().unwrap();
+    let identity_file = dir.path().join("alice.key");
+    let alice = portcullis_wire::keyfile::generate(&identity_file, false).unwrap();
+    let token_file = dir.path().join("relay.token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let gw = gateway_dialing(&alice, port, &token_file);
+    std::fs::write(gw.dir.join("workspace/note.txt"), "dialed in").unwrap();
+    let verb = |args: &[&str]| {
+        let (key, identity, token) = (
+            gw.key.to_base64(),
+            identity_file.clone(),
+            token_file.clone(),
+        );
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let url = format!("listen://127.0.0.1:{port}");
+        tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"));
+            command
+                .arg(&args[0])
+                .arg(&url)
+                .args(["--gateway-key", &key, "--identity"])
+                .arg(&identity)
+                .arg("--relay-token-file")
+                .arg(&token)
+                .args(&args[1..]);
+            (command.output().unwrap(), started.elapsed())
+        })
+    };
+    let (out, _) = verb(&["exec", "--", "printf", "by hand"]).await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "by hand");
+    // The next verb is answered at once: a runtime that proved its key
+    // resets the gateway's backoff.
+    let (out, took) = verb(&["cat", "main:note.txt"]).await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "dialed in");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}

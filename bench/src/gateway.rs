@@ -82,7 +82,7 @@ max_processes = 512
              state_dir = \"state\"\nadmin_socket = \"admin.sock\"\n\n[limits]\n\
              max_connections = 12000\nmax_sessions_per_principal = 12000\nmax_in_flight = 64\n\
              idle_timeout = \"10m\"\nhandshake_timeout = \"60s\"\n"
-            .to_string()
+                .to_string()
                 + extra_config,
         )
         .map_err(|e| fail("the config", &e))?;

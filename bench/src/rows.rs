@@ -798,7 +798,11 @@ fn make_file(path: &std::path::Path, bytes: u64) -> Result<(), String> {
 /// audited `file.stat`, one in flight) over the connection it dialed,
 /// beside the same over a connection the runtime dialed. The compared
 /// column is dial-in, not OpenSSH.
-pub async fn dial(args: &Args, work: &std::path::Path, results: &mut Results) -> Result<(), String> {
+pub async fn dial(
+    args: &Args,
+    work: &std::path::Path,
+    results: &mut Results,
+) -> Result<(), String> {
     use portcullis_client::ClientOptions;
     use portcullis_client::listen::ProviderListener;
     let token = "bench-relay-token";
@@ -845,7 +849,9 @@ pub async fn dial(args: &Args, work: &std::path::Path, results: &mut Results) ->
     for (q, out, inward) in [("p50", out50, in50), ("p99", out99, in99)] {
         let mut row = Row::new(
             "Dial-out",
-            format!("file.stat round trip over the connection the gateway dialed, 1 in flight, {q}"),
+            format!(
+                "file.stat round trip over the connection the gateway dialed, 1 in flight, {q}"
+            ),
             "ms",
             out,
             inward,

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use portcullis_client::config as client_config;
+use portcullis_client::listen::ProviderListener;
 use portcullis_client::{Client, ClientOptions};
 use portcullis_crypto::PublicKey;
 use portcullis_wire::keyfile;
@@ -16,7 +17,9 @@ use crate::cli::{fail, runtime};
 /// How to reach and authenticate to a gateway.
 #[derive(clap::Args)]
 pub struct Target {
-    /// Gateway URL, e.g. ws://127.0.0.1:7443
+    /// Gateway URL, e.g. ws://127.0.0.1:7443; or listen://ADDR to wait for
+    /// a gateway that dials out to this machine (its `[[relay]]` url is
+    /// ws://ADDR/api/v1/relay/connect; see --relay-token-file).
     pub url: String,
     /// The gateway's public key (base64, from `portcullis keys show` on the
     /// gateway). The connection stops before sending credentials if the
@@ -36,6 +39,10 @@ pub struct Target {
     /// TLS certificate.
     #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
+    /// For listen:// URLs: the file holding the bearer token a dialing
+    /// gateway must present (its `[[relay]]` token).
+    #[arg(long, value_name = "FILE")]
+    pub relay_token_file: Option<PathBuf>,
 }
 
 impl Target {
@@ -63,17 +70,46 @@ impl Target {
         Ok(options)
     }
 
-    /// Connects; on success remembers an explicitly given gateway key.
+    /// Connects (or, for listen://, waits for a gateway to dial in); on
+    /// success remembers an explicitly given gateway key.
     pub async fn connect(&self) -> Result<Client, String> {
         let options = self.options()?;
         let key = options.gateway_key;
-        let client = Client::connect(options).await.map_err(|e| e.to_string())?;
+        let client = match self.url.strip_prefix("listen://") {
+            Some(addr) => self.accept_one(addr).await?,
+            None => Client::connect(options).await.map_err(|e| e.to_string())?,
+        };
         if let (Some(_), Some(dir)) = (&self.gateway_key, client_config::dir())
             && let Err(e) = client_config::remember(&dir, &self.url, &key)
         {
             eprintln!("portcullis: could not remember the gateway key: {e}");
         }
         Ok(client)
+    }
+}
+
+impl Target {
+    /// Listens on `addr` until a gateway dials in with the relay token and
+    /// proves the key this target pins. Connections that fail are said
+    /// and the wait goes on.
+    async fn accept_one(&self, addr: &str) -> Result<Client, String> {
+        let file = self.relay_token_file.as_ref().ok_or(
+            "a listen:// URL needs --relay-token-file: the token the gateway's [[relay]] presents",
+        )?;
+        let token = std::fs::read_to_string(file)
+            .map(|t| Zeroizing::new(t.trim().to_string()))
+            .map_err(|e| format!("--relay-token-file {}: {e}", file.display()))?;
+        let listener = ProviderListener::bind(addr, token)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let bound = listener.local_addr().map_err(|e| e.to_string())?;
+        eprintln!("portcullis: waiting for a gateway to dial ws://{bound}/api/v1/relay/connect");
+        loop {
+            match listener.accept(self.options()?).await {
+                Ok(client) => return Ok(client),
+                Err(e) => eprintln!("portcullis: a connection failed: {e}"),
+            }
+        }
     }
 }
 

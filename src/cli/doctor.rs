@@ -310,7 +310,14 @@ fn check_relays(config: &Config, report: &mut Report) {
     };
     for relay in &config.relays {
         let what = format!("relay {}", relay.url);
-        if let Ok(meta) = std::fs::metadata(&relay.token_file)
+        let token_file = match relay.token.path() {
+            Ok(path) => path,
+            Err(e) => {
+                report.add(Status::Warn, what, format!("{e}; not checked here"));
+                continue;
+            }
+        };
+        if let Ok(meta) = std::fs::metadata(&token_file)
             && meta.permissions().mode() & 0o077 != 0
         {
             report.add(
@@ -318,7 +325,7 @@ fn check_relays(config: &Config, report: &mut Report) {
                 format!("{what} token"),
                 format!(
                     "{} is readable by others (mode {:o}): `chmod 600` it",
-                    relay.token_file.display(),
+                    token_file.display(),
                     meta.permissions().mode() & 0o777
                 ),
             );

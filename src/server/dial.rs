@@ -8,7 +8,8 @@
 //! keys authenticate the two ends to each other.
 //!
 //! A lost or refused connection is retried with exponential backoff and
-//! jitter, capped, reset once a connection stayed up for a while. A token
+//! jitter, capped, reset once a connection stayed up for a while or its
+//! runtime authenticated. A token
 //! the endpoint refuses (401, 403) stops the retries until the next
 //! reload. Each attempt's failure is logged and audited (`relay_failed`).
 
@@ -109,9 +110,11 @@ pub async fn dial(gateway: Arc<Gateway>, index: usize) {
                     s.connected_since = Some(jiff::Timestamp::now().to_string());
                 });
                 info!(url = %relay.url, "connected to the relay endpoint");
-                connected.await;
+                let authenticated = connected.await;
                 set(&|s| s.connected_since = None);
-                if since.elapsed() >= HEALTHY {
+                // Healthy: up for a while, or a runtime that proved its
+                // key (it may well close at once: a person's one command).
+                if authenticated || since.elapsed() >= HEALTHY {
                     attempts = 0;
                 }
                 "the connection ended".to_string()
@@ -172,7 +175,7 @@ fn backoff(attempts: u32) -> Duration {
 async fn open(
     gateway: &Arc<Gateway>,
     relay: &RelayEndpoint,
-) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>, DialError> {
+) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>, DialError> {
     let limit = gateway.config.limits.header_timeout;
     Ok(match connect(relay, limit, config(gateway, relay)).await? {
         Upgraded::Tcp(ws) => serve(gateway, relay, *ws),
@@ -281,7 +284,7 @@ fn serve<S>(
     gateway: &Arc<Gateway>,
     relay: &RelayEndpoint,
     ws: tokio_tungstenite::WebSocketStream<S>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -334,15 +337,13 @@ where
 /// The bearer token, read now (a rotated file is picked up at the next
 /// connection); zeroized when dropped.
 fn read_token(relay: &RelayEndpoint) -> Result<Zeroizing<String>, DialError> {
-    let text = std::fs::read_to_string(&relay.token_file)
+    let path = relay.token.path().map_err(DialError::Token)?;
+    let text = std::fs::read_to_string(&path)
         .map(Zeroizing::new)
-        .map_err(|e| DialError::Token(format!("{}: {e}", relay.token_file.display())))?;
+        .map_err(|e| DialError::Token(format!("{}: {e}", path.display())))?;
     let token = Zeroizing::new(text.trim().to_string());
     if token.is_empty() {
-        return Err(DialError::Token(format!(
-            "{} is empty",
-            relay.token_file.display()
-        )));
+        return Err(DialError::Token(format!("{} is empty", path.display())));
     }
     Ok(token)
 }

@@ -16,6 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$(pwd)
 PORT=${PORTCULLIS_TEST_PORT:-17643}
+RELAY_PORT=$((PORT + 1))
 CACHE=${PORTCULLIS_ROOTFS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/portcullis}
 # The name changes with the package list, so a stale cache is not reused.
 BASE=$CACHE/rootfs-bookworm-procps-bwrap
@@ -120,7 +121,15 @@ cat >>"$ROOT/etc/portcullis/portcullis.toml" <<EOF
 
 [egress.resolve]
 "web.test" = ["127.0.0.2"]
+
+# Dial-out: to a runtime on this host's loopback (the test's CLI, below),
+# the token from a systemd credential.
+[[relay]]
+url = "ws://127.0.0.1:$RELAY_PORT/api/v1/relay/connect"
+token_credential = "relay-token"
 EOF
+head -c 24 /dev/urandom | base64 >"$WORK/relay.token"
+install -m 600 "$WORK/relay.token" "$ROOT/etc/portcullis/relay.token"
 mkdir -p "$ROOT/etc/portcullis/tools"
 echo 'secret("greeting") + ", " + args.name' >"$ROOT/etc/portcullis/tools/greet.rhai"
 echo "psst-hello" >"$ROOT/etc/portcullis/secrets/greeting"
@@ -130,6 +139,7 @@ mkdir -p "$ROOT/etc/systemd/system/portcullis.service.d" "$ROOT/etc/systemd/syst
 cat >"$ROOT/etc/systemd/system/portcullis.service.d/test.conf" <<EOF
 [Service]
 LoadCredential=greeting:/etc/portcullis/secrets/greeting
+LoadCredential=relay-token:/etc/portcullis/relay.token
 EOF
 cat >"$ROOT/etc/systemd/system/portcullis.socket.d/test.conf" <<EOF
 [Socket]
@@ -184,6 +194,14 @@ say "file read: ok"
 out=$("$CLI" exec "$URL" "${C[@]}" -- id -un) || die "exec failed"
 [ "$out" = portcullis ] || die "exec id -un gave '$out'"
 say "command (as user '$out'): ok"
+# The same gateway dials out to a runtime here (its backoff may have grown
+# while nothing listened: the CLI waits for the next attempt).
+out=$(timeout 90 "$CLI" exec "listen://127.0.0.1:$RELAY_PORT" "${C[@]}" --relay-token-file "$WORK/relay.token" -- id -un) \
+  || die "exec over the connection the gateway dialed failed: $out"
+[ "$out" = portcullis ] || die "exec over the dialed connection gave '$out'"
+inside portcullis status | grep -q "relay ws://127.0.0.1:$RELAY_PORT/api/v1/relay/connect" \
+  || die "portcullis status does not show the relay endpoint: $(inside portcullis status)"
+say "dial-out (token from a credential; the CLI as the runtime): ok"
 
 # A command shares nothing with the daemon, under the unit as an operator
 # runs it: its own namespaces (bubblewrap), as the service user.

@@ -48,14 +48,19 @@ impl Identity {
 
 /// The Noise handshake over an upgraded WebSocket (bounded by
 /// `handshake_timeout`), then the session. A failed handshake is a
-/// security event.
-pub async fn over_websocket<S>(gateway: Arc<Gateway>, ws: WebSocketStream<S>, peer: Peer)
+/// security event. Says whether the handshake succeeded (the peer proved
+/// a key).
+pub async fn over_websocket<S>(gateway: Arc<Gateway>, ws: WebSocketStream<S>, peer: Peer) -> bool
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let started = Instant::now();
-    if let Some(opened) = handshake(&gateway, ws, &peer).await {
-        run(gateway, opened, peer, started).await
+    match handshake(&gateway, ws, &peer).await {
+        Some(opened) => {
+            run(gateway, opened, peer, started).await;
+            true
+        }
+        None => false,
     }
 }
 
@@ -66,7 +71,8 @@ pub async fn plain_over_websocket<S>(
     ws: WebSocketStream<S>,
     peer: Peer,
     principal: String,
-) where
+) -> bool
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let started = Instant::now();
@@ -76,7 +82,8 @@ pub async fn plain_over_websocket<S>(
         writer,
         identity: Identity::Configured { principal },
     });
-    run(gateway, opened, peer, started).await
+    run(gateway, opened, peer, started).await;
+    true
 }
 
 /// The handshake on its own, so that nothing of it stays in the session's
