@@ -46,6 +46,9 @@ pub struct RelayEndpoint {
     /// CA certificates (PEM) the endpoint's TLS certificate must chain to;
     /// Debian's bundle where unset.
     pub ca_file: Option<PathBuf>,
+    /// Instead of a CA: the SHA-256 of the endpoint's certificate (DER),
+    /// the only one accepted.
+    pub cert_sha256: Option<[u8; 32]>,
     /// The plain profile's principal (JSON text frames, no Noise): the
     /// runtime is whoever holds the endpoint's TLS certificate, and its
     /// requests run with this principal's grants. `None`: the Noise
@@ -91,6 +94,8 @@ struct RawRelay {
     token_credential: Option<String>,
     #[serde(default)]
     ca_file: Option<PathBuf>,
+    #[serde(default)]
+    cert_sha256: Option<String>,
     /// `noise` (the default) or `plain`.
     #[serde(default)]
     profile: Option<String>,
@@ -415,9 +420,28 @@ impl Config {
                     )));
                 }
             };
+            let cert_sha256 =
+                match (&relay.cert_sha256, &relay.ca_file) {
+                    (None, _) => None,
+                    (Some(_), Some(_)) => {
+                        return Err(at("give `ca_file` or `cert_sha256`, not both".into()));
+                    }
+                    (Some(pin), None) => {
+                        let hex = pin.replace(':', "").to_ascii_lowercase();
+                        let bytes = hex::decode(&hex)
+                            .ok()
+                            .and_then(|b| <[u8; 32]>::try_from(b).ok());
+                        Some(bytes.ok_or_else(|| {
+                            at("`cert_sha256` is the certificate's SHA-256 in hex (64 digits, e.g. \
+                            from `openssl x509 -outform der | sha256sum`)"
+                            .into())
+                        })?)
+                    }
+                };
             relays.push(RelayEndpoint {
                 url: relay.url,
                 token,
+                cert_sha256,
                 ca_file: relay.ca_file.map(resolve),
                 plain_principal,
             });
@@ -580,6 +604,14 @@ max_entries = 1_000_000
             (
                 "url = \"wss://runtime.example/x\"\ntoken_file = \"t\"\nprofile = \"fancy\"",
                 "not `fancy`",
+            ),
+            (
+                "url = \"wss://r.example/x\"\ntoken_file = \"t\"\ncert_sha256 = \"abc\"",
+                "64 digits",
+            ),
+            (
+                "url = \"wss://r.example/x\"\ntoken_file = \"t\"\nca_file = \"c\"\ncert_sha256 = \"00\"",
+                "not both",
             ),
         ] {
             let error = relay(body).unwrap_err().to_string();

@@ -72,3 +72,83 @@ pub fn client_connector(ca_file: Option<&Path>) -> Result<tokio_rustls::TlsConne
         .with_no_client_auth();
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
+
+/// A TLS connector that accepts exactly one server certificate: the one
+/// whose DER encoding has SHA-256 `pin` (a relay endpoint's
+/// `cert_sha256`). The handshake's signatures are still checked with that
+/// certificate's key; names, chains and expiry are not (the pin is the
+/// trust).
+pub fn pinned_connector(pin: [u8; 32]) -> Result<tokio_rustls::TlsConnector, String> {
+    let provider = provider();
+    let verifier = Arc::new(PinnedCertificate {
+        sha256: pin,
+        provider: provider.clone(),
+    });
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+#[derive(Debug)]
+struct PinnedCertificate {
+    sha256: [u8; 32],
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedCertificate {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let digest = ring::digest::digest(&ring::digest::SHA256, end_entity.as_ref());
+        match digest.as_ref() == self.sha256 {
+            true => Ok(rustls::client::danger::ServerCertVerified::assertion()),
+            false => Err(rustls::Error::General(format!(
+                "the server's certificate (SHA-256 {}) is not the pinned one",
+                hex::encode(digest.as_ref())
+            ))),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}

@@ -388,10 +388,65 @@ async fn the_plain_profile_speaks_the_spec_s_json_over_tls_to_a_configured_princ
     assert_eq!(entry.record.principal.as_deref(), Some("alice"));
     assert_eq!(entry.record.connection_id.as_deref(), Some("plain_conn"));
 
-    // The runtime goes away; the gateway comes back.
+    // A persistent process, and a request still running when the runtime
+    // goes away.
+    let script = "printf one; sleep 0.3; printf two; sleep 30";
+    ws.send(send(
+        json!({"type": "request", "id": "start_1", "method": "shell.start",
+                        "params": {"command": ["sh", "-c", script]}}),
+    ))
+    .await
+    .unwrap();
+    let process_id = loop {
+        let frame = next_text(&mut ws).await;
+        if frame["type"] == "stream" && frame["event"] == "started" {
+            break frame["data"]["process_id"].clone();
+        }
+    };
+    ws.send(send(
+        json!({"type": "request", "id": "left-running", "method": "shell.exec",
+                        "params": {"command": ["sleep", "20"]}}),
+    ))
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
     drop(ws);
+
+    // The runtime is back; so is the gateway, and the process replays
+    // exactly from sequence 0, as stream frames.
     let mut ws = spec_runtime(&listener, &acceptor).await;
     assert_eq!(next_text(&mut ws).await["type"], "hello");
+    ws.send(send(json!({"type": "event", "event": "relay.accepted",
+                        "payload": {"connection_id": "plain_conn_2", "accepted_capabilities": ["shell"]}})))
+        .await
+        .unwrap();
+    ws.send(send(
+        json!({"type": "request", "id": "attach_1", "method": "shell.attach",
+                        "params": {"process_id": process_id, "from_seq": 0}}),
+    ))
+    .await
+    .unwrap();
+    let mut replayed = String::new();
+    while !replayed.contains("onetwo") {
+        let frame = next_text(&mut ws).await;
+        if frame["type"] == "stream" && frame["event"] == "stdout" {
+            assert_eq!(frame["sequence"], replayed.len(), "{frame}");
+            replayed.push_str(frame["data"].as_str().unwrap());
+        }
+    }
+    assert!(replayed.starts_with("onetwo"), "{replayed:?}");
+    let entries = gw.audit_entries();
+    let lost = entries
+        .iter()
+        .find(|e| {
+            e.record.request_id.as_deref() == Some("left-running") && e.record.status.is_some()
+        })
+        .expect("the lost request's entry");
+    assert_eq!(
+        lost.record.error_code.as_deref(),
+        Some("relay_disconnected"),
+        "{lost:?}"
+    );
 }
 
 #[tokio::test]
@@ -603,4 +658,52 @@ async fn every_verb_takes_a_gateway_that_dials_in_with_listen_urls() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "dialed in");
     assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_pinned_certificate_is_the_only_one_accepted() {
+    use rustls::pki_types::pem::PemObject as _;
+    use sha2::Digest as _;
+    let alice = StaticKeypair::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate();
+    let token_file = dir.path().join("relay.token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap();
+    let pin = hex::encode(sha2::Sha256::digest(der.as_ref()));
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    let server = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![der], key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server));
+    for (pinned, accepted) in [(pin.clone(), true), ("ab".repeat(32), false)] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let relay = format!(
+            "[[relay]]\nurl = \"wss://localhost:{port}/api/v1/relay/connect\"\ntoken_file = \"{}\"\n\
+             cert_sha256 = \"{pinned}\"\nprofile = \"plain\"\nprincipal = \"alice\"\n",
+            token_file.display()
+        );
+        let gw = Gateway::start(&policy(&alice), &relay);
+        let (tcp, _) = listener.accept().await.unwrap();
+        let tls = acceptor.accept(tcp).await;
+        assert_eq!(tls.is_ok(), accepted, "pin {pinned}");
+        if !accepted {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let status = loop {
+                let out = gw.cli(&["status"]);
+                let text = String::from_utf8_lossy(&out.stdout).to_string();
+                if text.contains("not the pinned one") || std::time::Instant::now() > deadline {
+                    break text;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            assert!(status.contains("not the pinned one"), "{status}");
+        }
+    }
 }

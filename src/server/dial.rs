@@ -241,8 +241,11 @@ async fn connect(
         let ws = upgrade(request, tcp, limit, config).await?;
         return Ok(Upgraded::Tcp(Box::new(ws)));
     }
-    let connector = crate::tls::client_connector(relay.ca_file.as_deref())
-        .map_err(|e| DialError::Failed(format!("TLS: {e}")))?;
+    let connector = match relay.cert_sha256 {
+        Some(pin) => crate::tls::pinned_connector(pin),
+        None => crate::tls::client_connector(relay.ca_file.as_deref()),
+    }
+    .map_err(|e| DialError::Failed(format!("TLS: {e}")))?;
     let name = rustls::pki_types::ServerName::try_from(host.clone())
         .map_err(|e| DialError::Failed(format!("TLS: host `{host}`: {e}")))?;
     let stream = timeout(limit, connector.connect(name, tcp))
