@@ -51,6 +51,38 @@ fn options(gw: &Gateway, alice: &StaticKeypair) -> ClientOptions {
     options
 }
 
+/// The completing entry of request `left-running`, which was in flight
+/// when its connection was lost: it ended `relay_disconnected`.
+fn lost_request(gw: &Gateway) -> portcullis_store::Entry {
+    let lost = gw
+        .audit_entries()
+        .into_iter()
+        .find(|e| {
+            e.record.request_id.as_deref() == Some("left-running") && e.record.status.is_some()
+        })
+        .expect("the lost request's entry");
+    assert_eq!(
+        lost.record.error_code.as_deref(),
+        Some("relay_disconnected"),
+        "{lost:?}"
+    );
+    lost
+}
+
+/// `portcullis status` once it says `needle` (or after 10 s, whatever it
+/// says then).
+async fn status_saying(gw: &Gateway, needle: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = gw.cli(&["status"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if text.contains(needle) || std::time::Instant::now() > deadline {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The next gateway to dial in and prove its key.
 async fn next_gateway(listener: &ProviderListener, options: ClientOptions) -> Client {
     let client = listener
@@ -187,18 +219,7 @@ async fn the_gateway_dials_the_runtime_and_comes_back_after_it_restarts() {
     );
 
     // The request the lost connection had running ended relay_disconnected.
-    let entries = gw.audit_entries();
-    let lost = entries
-        .iter()
-        .find(|e| {
-            e.record.request_id.as_deref() == Some("left-running") && e.record.status.is_some()
-        })
-        .expect("the lost request's entry");
-    assert_eq!(
-        lost.record.error_code.as_deref(),
-        Some("relay_disconnected"),
-        "{lost:?}"
-    );
+    let lost = lost_request(&gw);
     assert!(
         lost.record
             .peer
@@ -227,15 +248,7 @@ async fn a_refused_token_stops_the_retries_until_a_reload() {
         "{:?}",
         refused.err()
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        let out = gw.cli(&["status"]);
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        if text.contains("token_refused") || std::time::Instant::now() > deadline {
-            break text;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let status = status_saying(&gw, "token_refused").await;
     assert!(
         status.contains("token_refused") && status.contains("401"),
         "{status}"
@@ -435,18 +448,7 @@ async fn the_plain_profile_speaks_the_spec_s_json_over_tls_to_a_configured_princ
         }
     }
     assert!(replayed.starts_with("onetwo"), "{replayed:?}");
-    let entries = gw.audit_entries();
-    let lost = entries
-        .iter()
-        .find(|e| {
-            e.record.request_id.as_deref() == Some("left-running") && e.record.status.is_some()
-        })
-        .expect("the lost request's entry");
-    assert_eq!(
-        lost.record.error_code.as_deref(),
-        Some("relay_disconnected"),
-        "{lost:?}"
-    );
+    lost_request(&gw);
 }
 
 #[tokio::test]
@@ -694,15 +696,7 @@ async fn a_pinned_certificate_is_the_only_one_accepted() {
         let tls = acceptor.accept(tcp).await;
         assert_eq!(tls.is_ok(), accepted, "pin {pinned}");
         if !accepted {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            let status = loop {
-                let out = gw.cli(&["status"]);
-                let text = String::from_utf8_lossy(&out.stdout).to_string();
-                if text.contains("not the pinned one") || std::time::Instant::now() > deadline {
-                    break text;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
+            let status = status_saying(&gw, "not the pinned one").await;
             assert!(status.contains("not the pinned one"), "{status}");
         }
     }

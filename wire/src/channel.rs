@@ -268,21 +268,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordWriter<S> {
     /// whether it was a policy decision) and stops writing. Bounded, so a
     /// peer that does not read cannot hold it.
     pub async fn close(&mut self, policy: bool, reason: &str) {
-        let code = if policy {
-            CloseCode::Policy
-        } else {
-            CloseCode::Normal
-        };
-        let frame = CloseFrame {
-            code,
-            reason: reason.chars().take(120).collect::<String>().into(),
-        };
         let _ = tokio::time::timeout(
             Duration::from_secs(2),
-            self.sink.send(Message::Close(Some(frame))),
+            self.sink.send(close(policy, reason)),
         )
         .await;
     }
+}
+
+/// A close message with `reason` (cut to 120 characters); its code says
+/// whether a policy decided it.
+pub(crate) fn close(policy: bool, reason: &str) -> Message {
+    let code = if policy {
+        CloseCode::Policy
+    } else {
+        CloseCode::Normal
+    };
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.chars().take(120).collect::<String>().into(),
+    }))
 }
 
 /// Reads binary WebSocket messages and opens them as records.

@@ -13,9 +13,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::channel::{ChannelError, RecordSink, RecordSource};
 use crate::record::{KIND_CHUNK, KIND_FRAME, KIND_PART};
@@ -133,19 +131,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> RecordSink for PlainWri
     }
 
     async fn close(&mut self, policy: bool, reason: &str) {
-        let code = if policy {
-            CloseCode::Policy
-        } else {
-            CloseCode::Normal
-        };
-        let frame = CloseFrame {
-            code,
-            reason: reason.chars().take(120).collect::<String>().into(),
-        };
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(2),
-            self.sink.send(Message::Close(Some(frame))),
-        )
-        .await;
+        let message = crate::channel::close(policy, reason);
+        let _ =
+            tokio::time::timeout(std::time::Duration::from_secs(2), self.sink.send(message)).await;
     }
 }
