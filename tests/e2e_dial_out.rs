@@ -131,6 +131,7 @@ async fn the_gateway_dials_the_runtime_and_comes_back_after_it_restarts() {
     // The runtime's side: the same client as a dial-in one.
     let runtime = next_gateway(&listener, options(&gw, &alice)).await;
     assert_eq!(runtime.hello().principal.as_deref(), Some("alice"));
+    let first_hello = runtime.hello().clone();
     let ran = runtime
         .request(
             "shell.exec",
@@ -205,6 +206,9 @@ async fn the_gateway_dials_the_runtime_and_comes_back_after_it_restarts() {
         "{:?}",
         back.elapsed()
     );
+    // The same provider and daemon run: only the connection is new.
+    assert_eq!(runtime.hello().instance_id, first_hello.instance_id);
+    assert_eq!(runtime.hello().provider_id, first_hello.provider_id);
     let mut attached = runtime
         .start(
             "shell.attach",
@@ -228,6 +232,19 @@ async fn the_gateway_dials_the_runtime_and_comes_back_after_it_restarts() {
             .starts_with("ws://127.0.0.1"),
         "{lost:?}"
     );
+
+    // A reload that disables the principal revokes a dialed session as it
+    // does an accepted one.
+    let policy_file = gw.dir.join("policy.toml");
+    let text = std::fs::read_to_string(&policy_file).unwrap();
+    let disabled = text.replacen("id = \"alice\"\n", "id = \"alice\"\ndisabled = true\n", 1);
+    assert_ne!(disabled, text);
+    std::fs::write(&policy_file, disabled).unwrap();
+    assert!(gw.cli(&["policy", "reload"]).status.success());
+    let closed = tokio::time::timeout(Duration::from_secs(10), runtime.closed())
+        .await
+        .expect("the dialed session is closed by the reload");
+    assert!(closed.contains("revoked"), "{closed}");
 }
 
 #[tokio::test]
@@ -489,6 +506,23 @@ async fn hostile_endpoints_are_failures_to_retry_not_a_crash() {
     ws.send(tokio_tungstenite::tungstenite::Message::Text("{}".into()))
         .await
         .unwrap();
+    // A flood of binary garbage where the handshake belongs: the first
+    // message fails it, and the connection is dropped, not read on.
+    let (tcp, _) = listener.accept().await.unwrap();
+    let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+    let garbage = vec![0xa5u8; 60_000];
+    for _ in 0..2_000 {
+        if ws
+            .send(tokio_tungstenite::tungstenite::Message::Binary(
+                garbage.clone().into(),
+            ))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    drop(ws);
     // And still it comes back, to a runtime that is one.
     let runtime =
         ProviderListener::from_std(listener.into_std().unwrap(), Zeroizing::new(TOKEN.into()))
