@@ -123,6 +123,7 @@ impl Artifacts {
             return Err(error);
         }
         record.decision = Some(Decision::Allowed);
+        let grant = decision.grant.clone().unwrap_or_default();
 
         let mut params = Map::new();
         if let Some(run) = call.request.context.as_ref().and_then(|c| c.run_id.clone()) {
@@ -156,6 +157,20 @@ impl Artifacts {
             "artifact {}: {} bytes of {}",
             reservation.artifact_id, upload.size, upload.mime_type
         ));
+        // Only where the grant lets uploads go: its host and port listed,
+        // resolved to addresses it allows (public, or listed).
+        let addresses = match self.destination(&call.policy, &grant, &reservation).await {
+            Ok((addresses, rule)) => {
+                record.rule = Some(format!("{}; {rule}", decision.rule));
+                addresses
+            }
+            Err(error) => {
+                record.decision = Some(Decision::Blocked);
+                self.abort(call, &reservation, &error.message).await;
+                self.finish(record, Err(&error)).await;
+                return Err(error);
+            }
+        };
 
         let mut start = record.clone();
         start.kind = Kind::RequestStart;
@@ -172,7 +187,7 @@ impl Artifacts {
         record.start_seq = Some(start_seq);
 
         let sent = tokio::select! {
-            sent = self.put(&reservation, &upload.mime_type, upload.size, upload.source) => sent,
+            sent = self.put(&reservation, &addresses, &upload.mime_type, upload.size, upload.source) => sent,
             () = call.cancel.cancelled() => Err(ErrorBody::new(ErrorCode::Cancelled, "the upload was cancelled")),
         };
         let outcome = match sent {
@@ -298,21 +313,64 @@ impl Artifacts {
             .await;
     }
 
-    /// `PUT`s the bytes; answers their SHA-256 (hex) once the server said 2xx.
+    /// The addresses the upload may use, and the rule that allows them.
+    async fn destination(
+        &self,
+        policy: &portcullis_policy::Policy,
+        grant: &str,
+        to: &Reservation,
+    ) -> Result<(Vec<std::net::IpAddr>, String), ErrorBody> {
+        let resolved: Vec<std::net::IpAddr> =
+            match portcullis_policy::egress::parse_address(&to.host) {
+                Some(address) => vec![address],
+                None => tokio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    tokio::net::lookup_host((to.host.as_str(), to.port)),
+                )
+                .await
+                .map_err(|_| artifact_error(format!("{}: no DNS answer within 10 s", to.host)))?
+                .map_err(|e| artifact_error(format!("{}: {e}", to.host)))?
+                .map(|a| a.ip())
+                .collect(),
+            };
+        portcullis_policy::artifact_destination(policy, grant, &to.host, to.port, &resolved)
+            .map_err(|why| {
+                ErrorBody::new(
+                    ErrorCode::PermissionDenied,
+                    format!("artifact upload to {}: {why}", to.destination()),
+                )
+            })
+    }
+
+    /// `PUT`s the bytes to one of `addresses`; answers their SHA-256 (hex)
+    /// once the server said 2xx.
     async fn put(
         &self,
         to: &Reservation,
+        addresses: &[std::net::IpAddr],
         mime_type: &str,
         size: u64,
         source: Source,
     ) -> Result<String, ErrorBody> {
-        let tcp = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            TcpStream::connect((to.host.as_str(), to.port)),
-        )
-        .await
-        .map_err(|_| artifact_error(format!("{}: no connection within 10 s", to.destination())))?
-        .map_err(|e| artifact_error(format!("{}: {e}", to.destination())))?;
+        let mut last = artifact_error(format!("{}: no address to connect to", to.destination()));
+        let mut connected = None;
+        for address in addresses {
+            let at = std::net::SocketAddr::new(*address, to.port);
+            match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(at)).await {
+                Ok(Ok(tcp)) => {
+                    connected = Some(tcp);
+                    break;
+                }
+                Ok(Err(e)) => last = artifact_error(format!("{}: {at}: {e}", to.destination())),
+                Err(_) => {
+                    last = artifact_error(format!(
+                        "{}: {at}: no connection within 10 s",
+                        to.destination()
+                    ))
+                }
+            }
+        }
+        let tcp = connected.ok_or(last)?;
         let _ = tcp.set_nodelay(true);
         if to.tls {
             let connector = self.tls()?;

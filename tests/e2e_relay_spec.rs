@@ -248,7 +248,7 @@ principals = ["alice"]
 fileops = {{ main = "rw" }}
 shell = {{ commands = ["sh", "printf", "sleep", "cat", "head", "tr"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, persist = true, approval = {{ "printf approve*" = "always_ask", "sleep 9*" = "block" }} }}
 tools = {{ allow = ["big"] }}
-artifacts = {{ mime_types = ["text/*", "application/octet-stream"], max_size = "8MiB" }}
+artifacts = {{ mime_types = ["text/*", "application/octet-stream"], max_size = "8MiB", destinations = ["127.0.0.1:*"] }}
 scripts = {{ runtime_tools = true, max_wall_time = "5s" }}
 
 [[tool]]
@@ -968,6 +968,34 @@ async fn an_artifact_outside_the_grant_or_redirected_is_refused() {
     let (head, _) = uploads.recv().await.unwrap();
     assert!(head.starts_with("PUT /upload/art_123"), "{head}");
     assert!(uploads.try_recv().is_err(), "the redirect was followed");
+
+    // An upload URL outside the grant's destinations (127.0.0.2 is not
+    // 127.0.0.1): refused before a byte leaves, and the artifact aborted.
+    let elsewhere = storage.replace("127.0.0.1", "127.0.0.2");
+    client
+        .send(
+            json!({"type": "request", "id": "far", "method": "file.read",
+                     "params": {"root_id": "main", "path": "notes.txt", "artifact": true}}),
+        )
+        .await;
+    let (asked, _, _, response) = serve_artifacts(&mut client, "far", &elsewhere).await;
+    let methods: Vec<&str> = asked
+        .iter()
+        .map(|r| r["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods, ["artifact.reserve", "artifact.abort"], "{asked:?}");
+    assert_eq!(response["error"]["code"], "permission_denied", "{response}");
+    assert!(
+        response["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("artifacts.destinations"),
+        "{response}"
+    );
+    assert!(
+        uploads.try_recv().is_err(),
+        "bytes went to an unlisted destination"
+    );
 
     // A runtime that did not accept `artifacts` is never asked.
     let mut plain = SpecClient::connect(&gw, &alice).await;

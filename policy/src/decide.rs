@@ -442,6 +442,34 @@ fn artifact(grants: &[&Grant], principal_id: &str, mime_type: &str, size: u64) -
     Decision::deny(Denial::NotGranted, cap, refusals.join("; "))
 }
 
+/// Where grant `grant`'s artifact upload may connect for `host:port`
+/// (the upload URL the runtime gave; `resolved`: its addresses): the
+/// addresses allowed, and the entry that allows them; or why none is.
+pub fn artifact_destination(
+    policy: &Policy,
+    grant: &str,
+    host: &str,
+    port: u16,
+    resolved: &[std::net::IpAddr],
+) -> Result<(Vec<std::net::IpAddr>, String), String> {
+    let Some(artifacts) = policy.grant(grant).and_then(|g| g.artifacts.as_ref()) else {
+        return Err(format!("grant `{grant}` allows no artifacts"));
+    };
+    let allowed = artifacts
+        .destinations
+        .allows(host, port)
+        .map_err(|refusal| format!("grant `{grant}`'s artifacts.destinations: {refusal}"))?;
+    let rule = format!(
+        "grant `{grant}`'s artifacts.destinations `{}`",
+        allowed.text
+    );
+    artifacts
+        .destinations
+        .usable(host, port, resolved)
+        .map(|usable| (usable, rule))
+        .map_err(|refusal| format!("grant `{grant}`'s artifacts.destinations: {refusal}"))
+}
+
 /// Whether the principal exists and may act now.
 pub fn principal_status(
     policy: &Policy,

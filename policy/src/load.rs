@@ -295,9 +295,26 @@ impl Validator<'_> {
                 );
             }
         }
+        if raw.destinations.get_ref().is_empty() {
+            self.error(
+                raw.destinations.span(),
+                format!("grant `{grant}`: artifacts.destinations is empty: name the runtime's storage, e.g. [\"storage.example.com\"] (an egress allow-list entry each)"),
+            );
+        }
+        let mut entries = Vec::new();
+        for entry in raw.destinations.into_inner() {
+            match crate::egress::Egress::parse([entry.get_ref().as_str()]) {
+                Ok(parsed) => entries.extend(parsed.entries),
+                Err(e) => self.error(
+                    entry.span(),
+                    format!("grant `{grant}`: artifacts.destinations: {e}"),
+                ),
+            }
+        }
         ArtifactsGrant {
             mime_types,
             max_size: raw.max_size.map_or(DEFAULT_ARTIFACT_MAX_SIZE, |s| s.0),
+            destinations: crate::egress::Egress { entries },
         }
     }
 

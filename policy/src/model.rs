@@ -248,6 +248,11 @@ pub struct ArtifactsGrant {
     pub mime_types: Vec<String>,
     /// Bytes one artifact may hold.
     pub max_size: u64,
+    /// Where uploads may go (the runtime's storage), as an egress
+    /// allow-list: the upload URL's host and port must be listed, and a
+    /// name must resolve to public addresses unless an address entry
+    /// covers them.
+    pub destinations: crate::egress::Egress,
 }
 
 impl ArtifactsGrant {

@@ -162,6 +162,7 @@ pub(crate) struct RawResources {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawArtifacts {
     pub mime_types: Spanned<Vec<Spanned<String>>>,
+    pub destinations: Spanned<Vec<Spanned<String>>>,
     #[serde(default)]
     pub max_size: Option<SizeValue>,
 }

@@ -902,12 +902,12 @@ fn artifacts_are_bounded_by_type_and_size() {
 [[grant]]
 id = "logs"
 principals = ["alice"]
-artifacts = { mime_types = ["text/*", "application/json"], max_size = "1KiB" }
+artifacts = { mime_types = ["text/*", "application/json"], max_size = "1KiB", destinations = ["storage.example", "10.0.0.0/8:9000"] }
 
 [[grant]]
 id = "images"
 principals = ["alice"]
-artifacts = { mime_types = ["image/png"] }
+artifacts = { mime_types = ["image/png"], destinations = ["*.images.example"] }
 "#,
     );
     let upload = |mime: &str, size: u64| {
@@ -955,12 +955,30 @@ artifacts = { mime_types = ["image/png"] }
 #[test]
 fn artifacts_grants_name_mime_patterns() {
     for (bad, says) in [
-        ("mime_types = []", "is empty"),
-        ("mime_types = [\"text\"]", "not a MIME type pattern"),
-        ("mime_types = [\"*/png\"]", "not a MIME type pattern"),
         (
-            "mime_types = [\"text/*\"], max_size = \"lots\"",
+            "mime_types = [], destinations = [\"s.example\"]",
+            "is empty",
+        ),
+        (
+            "mime_types = [\"text\"], destinations = [\"s.example\"]",
+            "not a MIME type pattern",
+        ),
+        (
+            "mime_types = [\"*/png\"], destinations = [\"s.example\"]",
+            "not a MIME type pattern",
+        ),
+        (
+            "mime_types = [\"text/*\"], destinations = [\"s.example\"], max_size = \"lots\"",
             "not a size",
+        ),
+        ("mime_types = [\"text/*\"]", "destinations"),
+        (
+            "mime_types = [\"text/*\"], destinations = []",
+            "destinations is empty",
+        ),
+        (
+            "mime_types = [\"text/*\"], destinations = [\"s.example:99999\"]",
+            "a port must be",
         ),
     ] {
         let text = format!(
