@@ -917,6 +917,31 @@ async fn a_file_goes_to_runtime_storage_as_an_artifact() {
     );
 }
 
+/// `file.read` of `path` as an artifact, the runtime's side played by
+/// [`serve_artifacts`] with `storage`: the methods the gateway asked of
+/// the runtime, checked to be `asked`, and the error the read ended with,
+/// checked to be `code` and to say `says`.
+async fn refused_artifact(
+    client: &mut SpecClient,
+    (id, path, storage): (&str, &str, &str),
+    asked: &[&str],
+    (code, says): (&str, &str),
+) {
+    client
+        .send(json!({"type": "request", "id": id, "method": "file.read",
+                     "params": {"root_id": "main", "path": path, "artifact": true}}))
+        .await;
+    let (requests, _, _, response) = serve_artifacts(client, id, storage).await;
+    let methods: Vec<&str> = requests
+        .iter()
+        .map(|r| r["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods, asked, "{requests:?}");
+    assert_eq!(response["error"]["code"], code, "{response}");
+    let message = response["error"]["message"].as_str().unwrap();
+    assert!(message.contains(says), "{response}");
+}
+
 #[tokio::test]
 async fn an_artifact_outside_the_grant_or_redirected_is_refused() {
     let (gw, alice) = setup();
@@ -924,47 +949,17 @@ async fn an_artifact_outside_the_grant_or_redirected_is_refused() {
     std::fs::write(gw.dir.join("workspace/notes.txt"), b"notes").unwrap();
     let (storage, mut uploads) = storage("302 Found").await;
     let mut client = SpecClient::connect_accepting(&gw, &alice, &["fileops", "artifacts"]).await;
+    let reserved_then_aborted = ["artifact.reserve", "artifact.abort"];
 
     // image/png is not among the grant's types: refused before the
     // runtime is asked anything.
-    client
-        .send(
-            json!({"type": "request", "id": "png", "method": "file.read",
-                     "params": {"root_id": "main", "path": "shot.png", "artifact": true}}),
-        )
-        .await;
-    let (asked, _, _, response) = serve_artifacts(&mut client, "png", &storage).await;
-    assert!(asked.is_empty(), "{asked:?}");
-    assert_eq!(response["error"]["code"], "permission_denied", "{response}");
-    assert!(
-        response["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("image/png"),
-        "{response}"
-    );
+    let png = ("png", "shot.png", storage.as_str());
+    refused_artifact(&mut client, png, &[], ("permission_denied", "image/png")).await;
 
     // The storage redirects: not followed; the artifact is aborted.
-    client
-        .send(
-            json!({"type": "request", "id": "txt", "method": "file.read",
-                     "params": {"root_id": "main", "path": "notes.txt", "artifact": true}}),
-        )
-        .await;
-    let (asked, _, _, response) = serve_artifacts(&mut client, "txt", &storage).await;
-    let methods: Vec<&str> = asked
-        .iter()
-        .map(|r| r["method"].as_str().unwrap())
-        .collect();
-    assert_eq!(methods, ["artifact.reserve", "artifact.abort"], "{asked:?}");
-    assert_eq!(response["error"]["code"], "artifact_error", "{response}");
-    assert!(
-        response["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("redirects are not followed"),
-        "{response}"
-    );
+    let txt = ("txt", "notes.txt", storage.as_str());
+    let redirect = ("artifact_error", "redirects are not followed");
+    refused_artifact(&mut client, txt, &reserved_then_aborted, redirect).await;
     let (head, _) = uploads.recv().await.unwrap();
     assert!(head.starts_with("PUT /upload/art_123"), "{head}");
     assert!(uploads.try_recv().is_err(), "the redirect was followed");
@@ -972,26 +967,9 @@ async fn an_artifact_outside_the_grant_or_redirected_is_refused() {
     // An upload URL outside the grant's destinations (127.0.0.2 is not
     // 127.0.0.1): refused before a byte leaves, and the artifact aborted.
     let elsewhere = storage.replace("127.0.0.1", "127.0.0.2");
-    client
-        .send(
-            json!({"type": "request", "id": "far", "method": "file.read",
-                     "params": {"root_id": "main", "path": "notes.txt", "artifact": true}}),
-        )
-        .await;
-    let (asked, _, _, response) = serve_artifacts(&mut client, "far", &elsewhere).await;
-    let methods: Vec<&str> = asked
-        .iter()
-        .map(|r| r["method"].as_str().unwrap())
-        .collect();
-    assert_eq!(methods, ["artifact.reserve", "artifact.abort"], "{asked:?}");
-    assert_eq!(response["error"]["code"], "permission_denied", "{response}");
-    assert!(
-        response["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("artifacts.destinations"),
-        "{response}"
-    );
+    let far = ("far", "notes.txt", elsewhere.as_str());
+    let unlisted = ("permission_denied", "artifacts.destinations");
+    refused_artifact(&mut client, far, &reserved_then_aborted, unlisted).await;
     assert!(
         uploads.try_recv().is_err(),
         "bytes went to an unlisted destination"
@@ -999,16 +977,8 @@ async fn an_artifact_outside_the_grant_or_redirected_is_refused() {
 
     // A runtime that did not accept `artifacts` is never asked.
     let mut plain = SpecClient::connect(&gw, &alice).await;
-    plain
-        .send(json!({"type": "request", "id": "no", "method": "file.read",
-                     "params": {"root_id": "main", "path": "notes.txt", "artifact": true}}))
-        .await;
-    let (asked, _, _, response) = serve_artifacts(&mut plain, "no", &storage).await;
-    assert!(asked.is_empty(), "{asked:?}");
-    assert_eq!(
-        response["error"]["code"], "capability_unavailable",
-        "{response}"
-    );
+    let no = ("no", "notes.txt", storage.as_str());
+    refused_artifact(&mut plain, no, &[], ("capability_unavailable", "")).await;
 }
 
 #[tokio::test]
