@@ -26,7 +26,7 @@ use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderName, HeaderValue}
 use hyper::{Method as HttpMethod, Uri};
 use hyper_util::rt::TokioIo;
 use portcullis_policy::{Query, Target, decide};
-use portcullis_store::{AuditLog, Decision, Kind, Record, Status};
+use portcullis_store::{AuditLog, Decision, Kind, Record};
 use portcullis_wire::frame::{ErrorBody, ErrorCode};
 use serde_json::{Map, Value, json};
 use sha2::{Digest as _, Sha256};
@@ -272,21 +272,14 @@ impl Artifacts {
     /// Writes the upload's completing (or refusing) entry.
     async fn finish(&self, mut record: Record, outcome: Result<(), &ErrorBody>) {
         record.completed_at = Some(jiff::Timestamp::now().to_string());
-        match outcome {
-            Ok(()) => record.status = Some(Status::Succeeded),
-            Err(error) => {
-                record.status = Some(if error.code == ErrorCode::Cancelled {
-                    Status::Cancelled
-                } else {
-                    Status::Failed
-                });
-                record.error_code = Some(error.code.as_str().to_string());
-                let why: String = error.message.chars().take(300).collect();
-                record.detail = Some(match record.detail.take() {
-                    Some(detail) => format!("{detail}: {why}"),
-                    None => why,
-                });
-            }
+        let (status, code) = crate::provider::audit_status(outcome.err());
+        (record.status, record.error_code) = (Some(status), code);
+        if let Err(error) = outcome {
+            let why: String = error.message.chars().take(300).collect();
+            record.detail = Some(match record.detail.take() {
+                Some(detail) => format!("{detail}: {why}"),
+                None => why,
+            });
         }
         if let Err(e) = self.0.audit.append(record).await {
             tracing::error!("audit: {e}");

@@ -12,7 +12,7 @@
 //! restored state reports it kept (it still runs here) or lost.
 
 use portcullis_policy::Capability;
-use portcullis_wire::frame::{ErrorBody, ErrorCode, Request, RequestId};
+use portcullis_wire::frame::{ErrorBody, ErrorCode};
 use serde_json::{Value, json};
 
 use crate::provider::{Call, Method, Provider, Reply};
@@ -196,7 +196,7 @@ async fn restore_state(call: &Call, processes: &Processes) -> Result<Value, Erro
                     lost.push(json!({"id": id, "kind": "watch", "reason": "no file.watch request to make it again"}));
                     continue;
                 };
-                match own_request(call, n + 1, "file.watch", params.clone()).await {
+                match own_request(call, n as u64 + 1, "file.watch", params.clone()).await {
                     Ok(made) => restored.push(json!({"id": made["watch"], "previous_id": id, "kind": "watch"})),
                     Err(e) => lost.push(json!({"id": id, "kind": "watch", "reason": e.message, "code": e.code.as_str()})),
                 }
@@ -222,22 +222,16 @@ async fn restore_state(call: &Call, processes: &Processes) -> Result<Value, Erro
 /// one path; its answer once its entry is durable.
 async fn own_request(
     call: &Call,
-    n: usize,
+    n: u64,
     method: &str,
     params: serde_json::Map<String, Value>,
 ) -> Result<Value, ErrorBody> {
-    let id = RequestId::new(format!("{}.{n}", call.request.id)).map_err(|e| {
+    let request = crate::provider::own_request(&call.request, n, method, params).map_err(|e| {
         ErrorBody::new(
             ErrorCode::InvalidRequest,
             format!("a request id of this call's: {e}"),
         )
     })?;
-    let request = Request {
-        id,
-        method: method.to_string(),
-        params,
-        context: call.request.context.clone(),
-    };
     let answer = call
         .requests
         .send(&call.request.id, request, call.cancel.child_token())

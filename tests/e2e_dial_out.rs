@@ -297,10 +297,23 @@ async fn a_refused_token_stops_the_retries_until_a_reload() {
     }));
 }
 
-/// A self-signed certificate for `localhost`, its own CA: (cert, key) PEM.
-fn certificate() -> (String, String) {
+/// A runtime's TLS endpoint: a self-signed certificate for `localhost`
+/// (its own CA), as PEM and as DER, and an acceptor serving it.
+fn tls_endpoint() -> (String, Vec<u8>, tokio_rustls::TlsAcceptor) {
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    (certified.cert.pem(), certified.signing_key.serialize_pem())
+    let der = certified.cert.der().clone();
+    let key =
+        rustls::pki_types::PrivateKeyDer::try_from(certified.signing_key.serialize_der()).unwrap();
+    let server = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![der.clone()], key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server));
+    (certified.cert.pem(), der.to_vec(), acceptor)
 }
 
 /// A runtime written from the relay spec alone: a TLS WebSocket endpoint
@@ -355,22 +368,10 @@ async fn the_plain_profile_speaks_the_spec_s_json_over_tls_to_a_configured_princ
     use tokio_tungstenite::tungstenite::Message;
     let alice = StaticKeypair::generate().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = certificate();
+    let (cert, _, acceptor) = tls_endpoint();
     let (cert_file, token_file) = (dir.path().join("ca.pem"), dir.path().join("relay.token"));
     std::fs::write(&cert_file, &cert).unwrap();
     std::fs::write(&token_file, TOKEN).unwrap();
-    let certs = vec![rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()];
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
-    use rustls::pki_types::pem::PemObject as _;
-    let server = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let relay = format!(
@@ -698,25 +699,13 @@ async fn every_verb_takes_a_gateway_that_dials_in_with_listen_urls() {
 
 #[tokio::test]
 async fn a_pinned_certificate_is_the_only_one_accepted() {
-    use rustls::pki_types::pem::PemObject as _;
     use sha2::Digest as _;
     let alice = StaticKeypair::generate().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = certificate();
+    let (_, der, acceptor) = tls_endpoint();
     let token_file = dir.path().join("relay.token");
     std::fs::write(&token_file, TOKEN).unwrap();
-    let der = rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap();
-    let pin = hex::encode(sha2::Sha256::digest(der.as_ref()));
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
-    let server = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![der], key)
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server));
+    let pin = hex::encode(sha2::Sha256::digest(&der));
     for (pinned, accepted) in [(pin.clone(), true), ("ab".repeat(32), false)] {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();

@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use nested::{
     Answer, Asked, Durable, DurableSeq, Nested, RUNTIME_ANSWER_TIMEOUT, Requests, ToRuntime,
+    own_request,
 };
 pub use resources::{EventSink, MAX_PER_SESSION, MAX_RUNTIME_TOOLS, SessionResources};
 
@@ -174,6 +175,19 @@ pub fn error_code(denial: Denial) -> ErrorCode {
         | Denial::ReadOnly
         | Denial::BadPath
         | Denial::UnknownRoot => ErrorCode::PermissionDenied,
+    }
+}
+
+/// How a request (or a request to the runtime, or an upload) ended, as
+/// its audit entry says it: status, and the error's code name.
+pub fn audit_status(error: Option<&ErrorBody>) -> (portcullis_store::Status, Option<String>) {
+    use portcullis_store::Status;
+    match error {
+        None => (Status::Succeeded, None),
+        Some(e) if e.code == ErrorCode::Cancelled => {
+            (Status::Cancelled, Some(e.code.as_str().into()))
+        }
+        Some(e) => (Status::Failed, Some(e.code.as_str().into())),
     }
 }
 

@@ -46,6 +46,22 @@ pub struct Answer {
     pub entry: Option<Durable>,
 }
 
+/// Request number `n` that the call `of` makes of its own: id
+/// `<its id>.<n>`, its context. Fails when that id is too long.
+pub fn own_request(
+    of: &Request,
+    n: u64,
+    method: &str,
+    params: Map<String, Value>,
+) -> Result<Request, portcullis_wire::frame::FrameError> {
+    Ok(Request {
+        id: RequestId::new(format!("{}.{n}", of.id))?,
+        method: method.to_string(),
+        params,
+        context: of.context.clone(),
+    })
+}
+
 /// A request for the runtime, on its way to the session.
 pub struct ToRuntime {
     /// `gw-<n>`: unique in this session, and never a peer's id (the

@@ -2,7 +2,7 @@
 //! requests it makes) records about it when it starts and when it ends.
 
 use portcullis_policy::Target;
-use portcullis_store::{Record as AuditRecord, Status};
+use portcullis_store::Record as AuditRecord;
 use serde_json::Value;
 
 use crate::provider::Usage;
@@ -56,13 +56,8 @@ pub fn complete(
     record.warning = result
         .and_then(|r| r.get("sandbox_warning")?.as_str())
         .map(str::to_string);
-    (record.status, record.error_code) = match error {
-        None => (Some(Status::Succeeded), None),
-        Some(e) if e.code == ErrorCode::Cancelled => {
-            (Some(Status::Cancelled), Some(code_name(e.code)))
-        }
-        Some(e) => (Some(Status::Failed), Some(code_name(e.code))),
-    };
+    let (status, code) = crate::provider::audit_status(error);
+    (record.status, record.error_code) = (Some(status), code);
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use super::engine::{self, Watch};
 use super::registry::{CompiledTool, Registry, Secrets};
 use super::{invalid, provider_error};
 use crate::provider::{Call, Durable, Requests, SessionResources, StreamSink};
-use portcullis_wire::frame::{ErrorBody, ErrorCode, Request, RequestId};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 
 /// A tool runs with these limits (bounded, besides, by its caller's
 /// deadline).
@@ -294,14 +294,8 @@ impl Host {
     /// it); it is cancelled with the script, and at the script's deadline.
     pub fn request(&self, method: &str, params: Map<String, Value>) -> Result<Value, ErrorBody> {
         let n = self.nested.fetch_add(1, Ordering::Relaxed) + 1;
-        let id = RequestId::new(format!("{}.{n}", self.request.id))
+        let request = crate::provider::own_request(&self.request, n, method, params)
             .map_err(|e| provider_error(format!("a nested request id: {e}")))?;
-        let request = Request {
-            id,
-            method: method.to_string(),
-            params,
-            context: self.request.context.clone(),
-        };
         let cancel = self.watch.cancel.child_token();
         let sent = self
             .requests

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use portcullis_store::{Decision as AuditDecision, Kind, Record as AuditRecord, Status};
+use portcullis_store::{Decision as AuditDecision, Kind, Record as AuditRecord};
 use portcullis_wire::frame::{Cancel, ErrorBody, ErrorCode, Frame, Request, RequestId, Response};
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -136,17 +136,10 @@ impl Session {
     fn finish_runtime(&self, awaiting: Awaiting, outcome: Result<Value, ErrorBody>) {
         let Awaiting { answer, mut record } = awaiting;
         record.completed_at = Some(jiff::Timestamp::now().to_string());
-        match &outcome {
-            Ok(_) => record.status = Some(Status::Succeeded),
-            Err(e) => {
-                record.status = Some(if e.code == ErrorCode::Cancelled {
-                    Status::Cancelled
-                } else {
-                    Status::Failed
-                });
-                record.error_code = Some(code_name(e.code));
-                record.detail = Some(e.message.chars().take(300).collect());
-            }
+        let (status, code) = crate::provider::audit_status(outcome.as_ref().err());
+        (record.status, record.error_code) = (Some(status), code);
+        if let Err(e) = &outcome {
+            record.detail = Some(e.message.chars().take(300).collect());
         }
         let submitted = self.gateway.audit.submit(record);
         let session = self.info.id;
