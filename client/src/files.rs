@@ -50,7 +50,7 @@ impl Client {
         path: &str,
         out: W,
         sha256: bool,
-        progress: &mut dyn FnMut(u64),
+        progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<(Value, W), ClientError> {
         let params = json!({"root_id": root, "path": path, "stream": true, "sha256": sha256});
         let mut handle = self.start("file.read", params).await?;
@@ -102,7 +102,7 @@ impl Client {
         path: &str,
         input: R,
         options: UploadOptions,
-        progress: &mut dyn FnMut(u64),
+        progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<Value, ClientError> {
         let UploadOptions {
             size,

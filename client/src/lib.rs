@@ -184,6 +184,8 @@ pub struct Client {
     events_unreported: Arc<AtomicU64>,
     next_id: AtomicU64,
     closed: watch::Receiver<Option<String>>,
+    /// Set by [`Client::close`]: the reader and the writer stop.
+    closing: watch::Sender<bool>,
     reader_task: tokio::task::JoinHandle<()>,
     max_frame: usize,
 }
@@ -295,26 +297,41 @@ impl Client {
             lost: Arc::clone(&events_lost),
         };
         let (closed_tx, closed) = watch::channel(None);
+        let (closing, closing_rx) = watch::channel(false);
         let shared = Arc::new(Mutex::new(Shared::default()));
 
+        let mut writer_closing = closing_rx.clone();
         tokio::spawn(async move {
-            while let Some(rec) = outbox_rx.recv().await {
-                let flush = outbox_rx.is_empty();
-                if writer.send(rec, flush).await.is_err() {
-                    return;
+            loop {
+                tokio::select! {
+                    rec = outbox_rx.recv() => {
+                        // None: every sender is gone, the client was dropped.
+                        let Some(rec) = rec else { break };
+                        let flush = outbox_rx.is_empty();
+                        if writer.send(rec, flush).await.is_err() {
+                            return;
+                        }
+                    }
+                    () = asked_to_close(&mut writer_closing) => break,
                 }
             }
-            // Every sender is gone: the client was dropped.
             writer
                 .close(false, "the client closed the connection")
                 .await;
         });
+        let mut reader_closing = closing_rx;
         let (reader_shared, reader_outbox) = (shared.clone(), outbox.clone());
         let reader_task = tokio::spawn(async move {
             let buffers = channel::BufferPool::default();
             let mut parts = record::Assembler::new(max_frame);
             let reason = loop {
-                match reader.recv_pooled(&buffers).await {
+                let received = tokio::select! {
+                    received = reader.recv_pooled(&buffers) => received,
+                    () = asked_to_close(&mut reader_closing) => {
+                        break "the client closed the connection".to_string();
+                    }
+                };
+                match received {
                     Ok(plaintext) => {
                         let (shared, outbox) = (&reader_shared, &reader_outbox);
                         route(plaintext, shared, &mut events_tx, outbox, &mut parts).await
@@ -344,6 +361,7 @@ impl Client {
             events_unreported,
             next_id: AtomicU64::new(1),
             closed,
+            closing,
             reader_task,
             max_frame: sent_max,
         })
@@ -534,6 +552,14 @@ impl Client {
         self.events_lost.load(Ordering::Relaxed)
     }
 
+    /// Closes the connection now, whoever else holds this client: every
+    /// request still waiting fails as disconnected, and the gateway sees a
+    /// close frame (it ends what the session started, as on any
+    /// disconnect).
+    pub fn close(&self) {
+        let _ = self.closing.send(true);
+    }
+
     /// Resolves with the reason once the connection has ended.
     pub async fn closed(&self) -> String {
         let mut closed = self.closed.clone();
@@ -555,6 +581,11 @@ impl Client {
                 .unwrap_or_else(|| "the connection ended".into()),
         )
     }
+}
+
+/// Resolves once [`Client::close`] was called or the client is gone.
+async fn asked_to_close(closing: &mut watch::Receiver<bool>) {
+    let _ = closing.wait_for(|closing| *closing).await;
 }
 
 /// One request in flight.
