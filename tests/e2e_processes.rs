@@ -408,6 +408,39 @@ async fn a_terminal_has_its_size_hears_resizes_and_takes_input() {
     plain.cancel().await.unwrap();
 }
 
+/// A signal sent as soon as the gateway says the process started — before
+/// the program may have been forked in its world — still reaches it: the
+/// launcher holds it and passes it on (it was lost, and `sleep 60` ran its
+/// minute, about one time in three).
+#[tokio::test]
+async fn a_signal_sent_right_after_started_reaches_the_program() {
+    let Setup { gw, alice, .. } = setup("1h");
+    let client = connect(&gw, &alice).await;
+    for _ in 0..5 {
+        let mut start = client
+            .start("shell.start", sh("exec sleep 60"))
+            .await
+            .unwrap();
+        let mut seen = Seen::default();
+        while seen.frame("started").is_none() {
+            match start.next().await.expect("a started frame") {
+                StreamItem::Stream { event, data } => seen.frames.push((event, data)),
+                StreamItem::Chunk { .. } => {}
+            }
+        }
+        let id = seen.frame("started").unwrap()["process_id"].clone();
+        client
+            .request("shell.signal", json!({"process_id": id, "signal": "TERM"}))
+            .await
+            .unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(10), start.response())
+            .await
+            .expect("the TERM ended it")
+            .unwrap();
+        assert_eq!(result["signal"], "SIGTERM", "{result}");
+    }
+}
+
 #[tokio::test]
 async fn a_start_with_stdin_gives_the_text_then_closes_it() {
     let Setup { gw, alice, .. } = setup("1h");

@@ -70,6 +70,10 @@ pub struct Args {
     /// Where the chart goes (SVG; written when requests were measured).
     #[arg(long, default_value = "bench/chart.svg")]
     chart: PathBuf,
+    /// The Python interpreter that has the `portcullis` package, for the
+    /// `python` part (python/test.sh installs it in target/python-venv).
+    #[arg(long, default_value = "target/python-venv/bin/python")]
+    python: PathBuf,
     /// Working directory for files, keys and state (deleted at the end).
     #[arg(long, default_value = "/var/tmp")]
     work_dir: PathBuf,
@@ -86,6 +90,8 @@ enum Part {
     Scale,
     /// Dial-out beside dial-in on one gateway.
     Dial,
+    /// The Python package beside the Rust client on one gateway.
+    Python,
 }
 
 impl Args {
@@ -197,6 +203,9 @@ async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
         if args.wants(Part::Bulk) {
             rows::bulk(args, &gateway, &sshd, work, &mut results).await?;
         }
+    }
+    if args.wants(Part::Python) {
+        rows::python(args, &gateway, work, &mut results).await?;
     }
     drop(gateway);
     if args.wants(Part::Dial) {

@@ -863,3 +863,165 @@ pub async fn dial(
     }
     Ok(())
 }
+
+/// The Python client (issue 38) beside the Rust client on one gateway:
+/// exec `true` latency (the Python package's `shell.exec`, through asyncio
+/// and PyO3, against `Client::request`), and download/upload throughput
+/// of `bulk_mib` (both stream through the same Rust transfer code; the
+/// Python one is awaited from asyncio). The Python side is
+/// `python/bench.py`, run with `--python` each round; the compared column
+/// is the Rust client, not OpenSSH.
+pub async fn python(
+    args: &Args,
+    gateway: &Gateway,
+    work: &std::path::Path,
+    results: &mut Results,
+) -> Result<(), String> {
+    let bytes = args.bulk_mib * 1024 * 1024;
+    let local = work.join("python");
+    std::fs::create_dir_all(&local).map_err(|e| e.to_string())?;
+    make_file(&gateway.root.join("py-source.bin"), bytes)?;
+    let client = gateway.session().await.map_err(|e| e.to_string())?;
+    let exec = json!({"command": ["/bin/true"]});
+    // Rust p50, Python p50, Rust p99, Python p99, then MB/s down and up.
+    let mut figures: [Spread; 8] = Default::default();
+    for round in 0..args.rounds {
+        eprintln!("Python client beside the Rust client, round {}", round + 1);
+        let mut latencies = Latencies::default();
+        for _ in 0..args.samples {
+            let started = Instant::now();
+            client
+                .request("shell.exec", exec.clone())
+                .await
+                .map_err(|e| format!("shell.exec: {e}"))?;
+            latencies.push(started.elapsed());
+        }
+        figures[0].push(latencies.quantile_ms(0.5));
+        figures[2].push(latencies.quantile_ms(0.99));
+        let down = local.join("rust-down.bin");
+        let _ = std::fs::remove_file(&down);
+        let file = std::fs::File::create(&down).map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        client
+            .download("work", "py-source.bin", file, true, &mut |_| {})
+            .await
+            .map_err(|e| format!("download: {e}"))?;
+        figures[4].push(bytes as f64 / started.elapsed().as_secs_f64() / 1e6);
+        let input = std::fs::File::open(&down).map_err(|e| e.to_string())?;
+        let options = portcullis_client::UploadOptions {
+            size: Some(bytes),
+            append: false,
+            sha256: true,
+        };
+        let started = Instant::now();
+        client
+            .upload("work", "rust-up.bin", input, options, &mut |_| {})
+            .await
+            .map_err(|e| format!("upload: {e}"))?;
+        figures[6].push(bytes as f64 / started.elapsed().as_secs_f64() / 1e6);
+        std::fs::remove_file(&down).map_err(|e| e.to_string())?;
+
+        let theirs = python_figures(args, gateway, &local)?;
+        for (i, key) in [
+            (1, "exec_p50_ms"),
+            (3, "exec_p99_ms"),
+            (5, "download_mb_s"),
+            (7, "upload_mb_s"),
+        ] {
+            let value = theirs[key]
+                .as_f64()
+                .ok_or_else(|| format!("python/bench.py gave no {key}: {theirs}"))?;
+            figures[i].push(value);
+        }
+    }
+    let [
+        rust50,
+        py50,
+        rust99,
+        py99,
+        rust_down,
+        py_down,
+        rust_up,
+        py_up,
+    ] = figures;
+    let note = "compared column: the Rust client on the same gateway (not OpenSSH)";
+    let size = format!("{} MiB", args.bulk_mib);
+    for (what, unit, python, rust, better, decimals) in [
+        (
+            "exec `true` (shell.exec), p50",
+            "ms",
+            py50,
+            rust50,
+            Better::Lower,
+            2,
+        ),
+        (
+            "exec `true` (shell.exec), p99",
+            "ms",
+            py99,
+            rust99,
+            Better::Lower,
+            2,
+        ),
+        (
+            &*format!("{size} download to a file"),
+            "MB/s",
+            py_down,
+            rust_down,
+            Better::Higher,
+            0,
+        ),
+        (
+            &*format!("{size} upload from a file"),
+            "MB/s",
+            py_up,
+            rust_up,
+            Better::Higher,
+            0,
+        ),
+    ] {
+        let mut row = Row::new(
+            "Python client",
+            format!("{what}: the Python package vs the Rust client"),
+            unit,
+            python,
+            rust,
+            better,
+            decimals,
+        );
+        row.note = note.into();
+        results.rows.push(row);
+    }
+    Ok(())
+}
+
+/// One run of `python/bench.py` against `gateway`: its JSON figures.
+fn python_figures(
+    args: &Args,
+    gateway: &Gateway,
+    local: &std::path::Path,
+) -> Result<serde_json::Value, String> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/bench.py");
+    let out = Command::new(&args.python)
+        .arg(&script)
+        .args(["--url", &gateway.url])
+        .args(["--gateway-key", &gateway.key.to_base64()])
+        .arg("--identity")
+        .arg(&gateway.identity_file)
+        .args(["--samples", &args.samples.to_string()])
+        .args(["--remote", "work:py-source.bin"])
+        .arg("--local-dir")
+        .arg(local)
+        .output()
+        .map_err(|e| format!("{}: {e}", args.python.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} python/bench.py failed ({}): {}\n(the Python part needs the package installed: \
+             bash python/test.sh makes target/python-venv; or pass --python)",
+            args.python.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("python/bench.py printed: {e}"))
+}

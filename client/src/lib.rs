@@ -172,6 +172,10 @@ struct Pending {
 struct Shared {
     pending: HashMap<RequestId, Pending>,
     pings: HashMap<String, oneshot::Sender<()>>,
+    /// The reader has ended: nothing will answer a request or a ping
+    /// registered from now on, so none is (it fails at once instead of
+    /// waiting forever).
+    ended: bool,
 }
 
 pub struct Client {
@@ -341,6 +345,7 @@ impl Client {
             };
             // Dropping the senders fails every pending request.
             if let Ok(mut shared) = reader_shared.lock() {
+                shared.ended = true;
                 shared.pending.clear();
                 shared.pings.clear();
             }
@@ -478,6 +483,9 @@ impl Client {
         let (response_tx, response) = oneshot::channel();
         let (stream_tx, stream) = mpsc::channel(256);
         if let Ok(mut shared) = self.shared.lock() {
+            if shared.ended {
+                return Err(self.disconnected());
+            }
             shared.pending.insert(
                 id.clone(),
                 Pending {
@@ -512,6 +520,9 @@ impl Client {
         let id = format!("p{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         let (tx, rx) = oneshot::channel();
         if let Ok(mut shared) = self.shared.lock() {
+            if shared.ended {
+                return Err(self.disconnected());
+            }
             shared.pings.insert(id.clone(), tx);
         }
         let started = Instant::now();

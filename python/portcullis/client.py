@@ -9,6 +9,7 @@ Noise channel, key pinning and key files are the Rust client's
 from __future__ import annotations
 
 import base64
+import builtins
 import contextlib
 import contextvars
 import json
@@ -334,7 +335,7 @@ class Files(_Family):
         globs: Sequence[str] = (),
         hidden: bool = False,
         max_results: int = 1000,
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    ) -> tuple[builtins.list[dict[str, Any]], dict[str, Any]]:
         """Matching lines (``{path, line, column, text}``) and the summary."""
         root, rel = self._client.locate(path)
         call = await self._client.call(

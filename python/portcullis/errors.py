@@ -73,7 +73,7 @@ class Timeout(RemoteError):
     """The gateway's own limit ended the request (``details`` holds what it
     produced), or, with ``code`` None, this side gave up waiting."""
 
-    code = "timeout"
+    code: str | None = "timeout"
 
 
 class Cancelled(RemoteError):

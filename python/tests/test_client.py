@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,7 @@ async def test_large_write_streams(client: portcullis.Client, gateway: Gateway) 
     assert (gateway.workspace / "big.bin").read_bytes() == data
     assert await client.files.read_bytes("/workspace/main/big.bin") == data
 
-    async def pieces() -> portcullis.client.AsyncIterator[bytes]:
+    async def pieces() -> AsyncIterator[bytes]:
         for i in range(5):
             yield bytes([i]) * 100_000
 

@@ -351,18 +351,44 @@ impl Status {
     /// process's (std does not clear it) and must be empty, while this
     /// process must outlive the signals meant for the program. Handlers
     /// do not survive exec; the program starts with the defaults.
+    ///
+    /// A signal that came before the program existed (the daemon may
+    /// signal a process as soon as it has said it started, while this
+    /// launcher still waited for its arguments or its release) was held
+    /// pending here; it is passed on to the program once it runs, so it is
+    /// not lost. One that comes in the microseconds between that hand-over
+    /// and the program's fork still is.
     pub(crate) fn run(mut status: std::fs::File, mut program: Command) -> ExitCode {
-        let ignored = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let mut arrived: Vec<(Signal, Arc<AtomicBool>)> = Vec::with_capacity(RELAYED.len());
         for signal in RELAYED {
-            if let Err(e) = signal_hook::flag::register(signal as i32, ignored.clone()) {
+            let flag = Arc::new(AtomicBool::new(false));
+            if let Err(e) = signal_hook::flag::register(signal as i32, flag.clone()) {
                 return refuse(SetupError::os("a signal handler", e));
             }
+            arrived.push((signal, flag));
         }
         if let Err(e) = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&relayed()), None) {
             return refuse(SetupError::os("unblocking signals", e.into()));
         }
+        // Once the program exists, signals to the process group reach it
+        // directly; those that came before are its to have too.
+        let missed: Vec<Signal> = arrived
+            .iter()
+            .filter(|(_, flag)| flag.swap(false, Ordering::AcqRel))
+            .map(|(signal, _)| *signal)
+            .collect();
         let waited = program.spawn().and_then(|child| {
             drop(program);
+            if let Some(pid) = i32::try_from(child.id())
+                .ok()
+                .map(nix::unistd::Pid::from_raw)
+            {
+                for signal in missed {
+                    let _ = nix::sys::signal::kill(pid, signal);
+                }
+            }
             reap_until(child.id())
         });
         let line = match waited {
