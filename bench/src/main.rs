@@ -164,6 +164,10 @@ async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
     if args.install_ssh {
         sshd::install()?;
     }
+    if args.wants(Part::Python) {
+        // Said before the long parts run, not after them.
+        rows::python_ready(args)?;
+    }
     let gateway = gateway::Gateway::start(&work.join("gateway"))?;
     eprintln!("gateway on {} (pid {})", gateway.url, gateway.pid());
     let mut results = report::Results::new(args);

@@ -898,16 +898,38 @@ pub async fn python(
         }
         figures[0].push(latencies.quantile_ms(0.5));
         figures[2].push(latencies.quantile_ms(0.99));
-        let down = local.join("rust-down.bin");
-        let _ = std::fs::remove_file(&down);
-        let file = std::fs::File::create(&down).map_err(|e| e.to_string())?;
+        let theirs = python_figures(args, gateway, &local, "exec")?;
+        figures[1].push(figure(&theirs, "exec_p50_ms")?);
+        figures[3].push(figure(&theirs, "exec_p99_ms")?);
+
+        // Each transfer starts alike: old copies gone, dirty pages
+        // written, free memory touched (see `touch_free_memory`).
+        let prepare = |paths: &[&std::path::Path]| -> Result<(), String> {
+            for path in paths {
+                let _ = std::fs::remove_file(path);
+            }
+            let _ = std::process::Command::new("sync").status();
+            touch_free_memory(&local.join("warm.bin"), bytes + bytes / 8)
+        };
+        let (rust_down, python_down) = (local.join("rust-down.bin"), local.join("python-down.bin"));
+        let (rust_up, python_up) = (
+            gateway.root.join("rust-up.bin"),
+            gateway.root.join("python-up.bin"),
+        );
+        prepare(&[&rust_down])?;
+        let file = std::fs::File::create(&rust_down).map_err(|e| e.to_string())?;
         let started = Instant::now();
         client
             .download("work", "py-source.bin", file, true, &mut |_| {})
             .await
             .map_err(|e| format!("download: {e}"))?;
         figures[4].push(bytes as f64 / started.elapsed().as_secs_f64() / 1e6);
-        let input = std::fs::File::open(&down).map_err(|e| e.to_string())?;
+        prepare(&[&python_down])?;
+        let theirs = python_figures(args, gateway, &local, "download")?;
+        figures[5].push(figure(&theirs, "download_mb_s")?);
+
+        prepare(&[&rust_up])?;
+        let input = std::fs::File::open(&rust_down).map_err(|e| e.to_string())?;
         let options = portcullis_client::UploadOptions {
             size: Some(bytes),
             append: false,
@@ -919,19 +941,11 @@ pub async fn python(
             .await
             .map_err(|e| format!("upload: {e}"))?;
         figures[6].push(bytes as f64 / started.elapsed().as_secs_f64() / 1e6);
-        std::fs::remove_file(&down).map_err(|e| e.to_string())?;
-
-        let theirs = python_figures(args, gateway, &local)?;
-        for (i, key) in [
-            (1, "exec_p50_ms"),
-            (3, "exec_p99_ms"),
-            (5, "download_mb_s"),
-            (7, "upload_mb_s"),
-        ] {
-            let value = theirs[key]
-                .as_f64()
-                .ok_or_else(|| format!("python/bench.py gave no {key}: {theirs}"))?;
-            figures[i].push(value);
+        prepare(&[&python_up])?;
+        let theirs = python_figures(args, gateway, &local, "upload")?;
+        figures[7].push(figure(&theirs, "upload_mb_s")?);
+        for path in [&rust_down, &python_down, &rust_up, &python_up] {
+            let _ = std::fs::remove_file(path);
         }
     }
     let [
@@ -995,11 +1009,35 @@ pub async fn python(
     Ok(())
 }
 
-/// One run of `python/bench.py` against `gateway`: its JSON figures.
+/// Whether `--python` has the package: the `python` part needs it.
+pub fn python_ready(args: &Args) -> Result<(), String> {
+    let imports = Command::new(&args.python)
+        .args(["-c", "import portcullis"])
+        .output();
+    match imports {
+        Ok(out) if out.status.success() => Ok(()),
+        _ => Err(format!(
+            "{} cannot import the portcullis package, which the `python` part needs: \
+             run `bash python/test.sh` (it installs it in target/python-venv), pass \
+             --python PATH, or leave the part out with --only",
+            args.python.display()
+        )),
+    }
+}
+
+fn figure(figures: &serde_json::Value, key: &str) -> Result<f64, String> {
+    figures[key]
+        .as_f64()
+        .ok_or_else(|| format!("python/bench.py gave no {key}: {figures}"))
+}
+
+/// One run of `python/bench.py --what WHAT` against `gateway`: its JSON
+/// figures.
 fn python_figures(
     args: &Args,
     gateway: &Gateway,
     local: &std::path::Path,
+    what: &str,
 ) -> Result<serde_json::Value, String> {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/bench.py");
     let out = Command::new(&args.python)
@@ -1009,7 +1047,7 @@ fn python_figures(
         .arg("--identity")
         .arg(&gateway.identity_file)
         .args(["--samples", &args.samples.to_string()])
-        .args(["--remote", "work:py-source.bin"])
+        .args(["--remote", "work:py-source.bin", "--what", what])
         .arg("--local-dir")
         .arg(local)
         .output()
