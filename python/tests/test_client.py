@@ -281,3 +281,32 @@ async def test_listen_accepts_a_dialing_gateway(tmp_path: Path) -> None:
         await client.close()
     finally:
         gw.stop()
+
+
+async def test_token_authentication(tmp_path: Path) -> None:
+    import hashlib as h
+
+    from conftest import POLICY, start_gateway
+
+    token = "pc-python-token-0123456789abcdef"
+    digest = h.sha256(token.encode()).hexdigest()
+    policy = POLICY.replace(
+        '[[grant]]\nid = "alice"',
+        f'[[principal]]\nid = "bot"\ntoken_hash = "sha256:{digest}"\n\n'
+        '[[grant]]\nid = "bot"\nprincipals = ["bot"]\nresources = {}\n\n'
+        '[[grant]]\nid = "alice"',
+    )
+    gw = start_gateway(policy)
+    try:
+        client = await portcullis.connect(
+            gw.url, gateway_key=gw.key, token=token, config_dir=tmp_path, remember=False
+        )
+        assert client.principal == "bot"
+        assert "fileops" not in client.capabilities
+        await client.close()
+        with pytest.raises(portcullis.PortcullisError):
+            await portcullis.connect(
+                gw.url, gateway_key=gw.key, token=token + "x", config_dir=tmp_path, remember=False
+            )
+    finally:
+        gw.stop()

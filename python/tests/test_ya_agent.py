@@ -19,7 +19,12 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from ya_agent_environment.exceptions import FileOperationError, PathNotAllowedError, ShellExecutionError
+from ya_agent_environment.exceptions import (
+    FileOperationError,
+    PathNotAllowedError,
+    ShellExecutionError,
+    ShellTimeoutError,
+)
 from ya_agent_sdk.agents.main import create_agent
 from ya_agent_sdk.toolsets import Toolset
 from ya_agent_sdk.toolsets.core.filesystem import tools as file_tools
@@ -168,3 +173,24 @@ async def test_streams_and_walk(client: portcullis.Client, gateway: Gateway) -> 
     assert walked == ["big", "big/data.bin"]
     walked_abs = [e["path"] async for e in files.walk_files("/workspace/main")]
     assert walked_abs == ["/workspace/main/big", "/workspace/main/big/data.bin"]
+
+
+async def test_a_timed_out_or_cancelled_command_ends_on_the_gateway(client: portcullis.Client) -> None:
+    async with PortcullisEnvironment(client=client) as env:
+        assert env.shell is not None
+        with pytest.raises(ShellTimeoutError):
+            await env.shell.execute("sleep 30", timeout=1)
+        task = asyncio.create_task(env.shell.execute("sleep 31"))
+        await asyncio.sleep(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def running() -> list[dict[str, Any]]:
+        return [p for p in await client.shell.list() if p["state"] == "running"]
+
+    for _ in range(50):
+        if not await running():
+            break
+        await asyncio.sleep(0.2)
+    assert not await running(), "a sleep outlived its timeout or cancellation"
