@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from . import _native
-from .errors import InvalidRequest, LocalError, NotFound, PortcullisError
+from .errors import InvalidRequest, LocalError, NotFound, PortcullisError, ProtocolError
 
 __all__ = [
     "Client",
@@ -283,6 +283,8 @@ class Files(_Family):
             entries.extend(page["entries"])
             if not page.get("truncated") or page.get("next_offset") is None:
                 return entries
+            if not isinstance(page["next_offset"], int) or page["next_offset"] <= offset:
+                raise ProtocolError(f"file.list: next_offset {page['next_offset']!r} does not move on")
             offset = page["next_offset"]
 
     async def stat(self, path: str) -> dict[str, Any]:

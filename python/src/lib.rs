@@ -335,10 +335,7 @@ impl Client {
         let context = parse_context(context)?;
         let client = Arc::clone(&self.inner);
         awaitable(py, async move {
-            let handle = match context {
-                Some(context) => client.start_with_context(context, &method, params).await?,
-                None => client.start(&method, params).await?,
-            };
+            let handle = open(&client, &method, params, context).await?;
             let mut guard = CancelOnDrop {
                 client: Arc::clone(&client),
                 id: Some(handle.id.clone()),
@@ -551,6 +548,19 @@ impl Progress {
     }
 }
 
+/// Sends a request, with the runtime's context when it has one.
+async fn open<'c>(
+    client: &'c RustClient,
+    method: &str,
+    params: Value,
+    context: Option<RequestContext>,
+) -> Result<portcullis_client::RequestHandle<'c>, ClientError> {
+    match context {
+        Some(context) => client.start_with_context(context, method, params).await,
+        None => client.start(method, params).await,
+    }
+}
+
 /// Started request: sends it, tells the caller its id, hands stream items
 /// to the reader (or drops them once nobody reads), sends `cancel` when
 /// asked, and hands over the answer.
@@ -565,11 +575,7 @@ async fn forward(
     answer: oneshot::Sender<Result<Value, ClientError>>,
     mut cancel: oneshot::Receiver<()>,
 ) {
-    let handle = match context {
-        Some(context) => client.start_with_context(context, &method, params).await,
-        None => client.start(&method, params).await,
-    };
-    let mut handle = match handle {
+    let mut handle = match open(&client, &method, params, context).await {
         Ok(handle) => handle,
         Err(e) => {
             let _ = started.send(Err(e.into()));

@@ -310,3 +310,12 @@ async def test_token_authentication(tmp_path: Path) -> None:
             )
     finally:
         gw.stop()
+
+
+async def test_list_reads_every_page(client: portcullis.Client, gateway: Gateway) -> None:
+    many = gateway.workspace / "many"
+    many.mkdir()
+    for i in range(1234):
+        (many / f"f{i:04}").write_text("")
+    names = [e["name"] for e in await client.files.list("/workspace/main/many")]
+    assert names == [f"f{i:04}" for i in range(1234)]
