@@ -319,3 +319,49 @@ async def test_list_reads_every_page(client: portcullis.Client, gateway: Gateway
         (many / f"f{i:04}").write_text("")
     names = [e["name"] for e in await client.files.list("/workspace/main/many")]
     assert names == [f"f{i:04}" for i in range(1234)]
+
+
+async def test_tls(tmp_path: Path) -> None:
+    import subprocess
+
+    from conftest import POLICY, start_gateway
+
+    ca_key, ca, key, csr, cert = (tmp_path / n for n in ("ca.key", "ca.pem", "gw.key", "gw.csr", "gw.pem"))
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca),
+        "-days", "1", "-subj", "/CN=test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", "/CN=127.0.0.1")
+    ext = tmp_path / "ext.cnf"
+    ext.write_text("subjectAltName = IP:127.0.0.1\n")
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-out", str(cert), "-days", "1", "-extfile", str(ext))
+    gw = start_gateway(POLICY, f'[tls]\ncert = "{cert}"\nkey = "{key}"\n')
+    try:
+        secure = gw.url.replace("ws://", "wss://")
+        client = await portcullis.connect(
+            secure, gateway_key=gw.key, identity=gw.identity, tls_ca=ca, config_dir=tmp_path, remember=False
+        )
+        assert (await client.shell.exec(["echo", "over tls"])).stdout == "over tls\n"
+        await client.close()
+        with pytest.raises(portcullis.ConnectError, match="tls_ca|CA"):
+            await portcullis.connect(secure, gateway_key=gw.key, identity=gw.identity, config_dir=tmp_path)
+        other = tmp_path / "other.pem"
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "o.key"), "-out",
+            str(other), "-days", "1", "-subj", "/CN=other")
+        with pytest.raises(portcullis.ConnectError):
+            await portcullis.connect(
+                secure, gateway_key=gw.key, identity=gw.identity, tls_ca=other, config_dir=tmp_path
+            )
+    finally:
+        gw.stop()
+
+
+async def test_resize_a_terminal(client: portcullis.Client) -> None:
+    process = await client.shell.start(["sh"], pty=True, cols=80, rows=24)
+    await process.resize(132, 40)
+    await process.write("stty size; exit\n")
+    seen = b"".join([piece.data async for piece in process.output()])
+    assert b"40 132" in seen

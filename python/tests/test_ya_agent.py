@@ -194,3 +194,14 @@ async def test_a_timed_out_or_cancelled_command_ends_on_the_gateway(client: port
             break
         await asyncio.sleep(0.2)
     assert not await running(), "a sleep outlived its timeout or cancellation"
+
+
+async def test_the_resource_registry_is_the_gateways(client: portcullis.Client) -> None:
+    async with PortcullisEnvironment(client=client) as env:
+        resources = await env.resources.get_or_create("portcullis")
+        watch = await client.files.watch("/workspace/main")
+        assert any(r["id"] == watch.id for r in await resources.list())
+        state = await env.export_resource_state()
+        assert watch.id in state.model_dump_json()
+        await resources.dispose(watch.id)
+        assert all(r["id"] != watch.id for r in await resources.list())
