@@ -65,6 +65,10 @@ pub enum ChannelError {
     Handshake(String),
     #[error("plain profile: {0}")]
     Plain(String),
+    /// `ya-environment-protocol.v1`: framing, I/O, or a refused
+    /// `initialize`.
+    #[error("ya-environment-protocol.v1: {0}")]
+    Profile(String),
     #[error("timed out")]
     Timeout,
 }

@@ -2,7 +2,9 @@
 //! record layer ([`record`]: one kind byte, then a relay frame or a binary
 //! chunk), the `ya-environment-relay.v1` frames and their validation
 //! ([`frame`]), the Noise channel over WebSocket binary messages
-//! ([`channel`]), and key files on disk ([`keyfile`]).
+//! ([`channel`]), the `ya-environment-protocol.v1` profile that maps
+//! JSON-RPC messages onto those frames ([`envproto`]), and key files on
+//! disk ([`keyfile`]).
 //!
 //! Architecture invariant: this crate knows no policy, no store, no
 //! provider, and no sandbox; the client library and third-party runtimes
@@ -11,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod channel;
+pub mod envproto;
 pub mod frame;
 pub mod keyfile;
 pub mod plain;

@@ -1,0 +1,194 @@
+//! The `ya-environment-protocol.v1` profile (the 0.92 spec): JSON-RPC 2.0
+//! messages in place of relay.v1 frames, carried LSP-framed over stdio or
+//! a Unix socket. It is a codec, not a second session: [`ProfileReader`]
+//! and [`ProfileWriter`] are the [`RecordSource`] and [`RecordSink`] a
+//! session reads and writes, and [`translate`] maps each message to the
+//! relay.v1 frames the one admission path already knows (`process.start`
+//! → `shell.start`, `mount_id` → `root_id`, …) and each frame back.
+//!
+//! There are no binary chunks in this profile: file data and output travel
+//! inline, as the spec has them.
+
+pub mod codes;
+pub mod lsp;
+pub mod translate;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+use crate::channel::{ChannelError, RecordSink, RecordSource};
+use crate::record::{KIND_CHUNK, KIND_FRAME, KIND_PART};
+pub use translate::{PROTOCOL, TARGET_ID, Translator};
+
+/// Where whole messages come from (LSP framing, a WebSocket's text
+/// messages).
+pub trait MessageSource: Send {
+    fn next(&mut self) -> impl Future<Output = Result<Vec<u8>, ChannelError>> + Send;
+}
+
+/// Where whole messages go.
+pub trait MessageSink: Send {
+    fn write(
+        &mut self,
+        message: &[u8],
+        flush: bool,
+    ) -> impl Future<Output = Result<(), ChannelError>> + Send;
+    fn flush(&mut self) -> impl Future<Output = Result<(), ChannelError>> + Send;
+    fn close(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// The two halves of a channel in this profile, sharing one
+/// [`Translator`]. `max_frame` bounds a message either way.
+pub fn split<S: MessageSource, K: MessageSink>(
+    source: S,
+    sink: K,
+    max_frame: usize,
+) -> (ProfileWriter<K>, ProfileReader<S>) {
+    let shared = Arc::new(Mutex::new(Translator::new()));
+    let (hello_tx, hello_rx) = watch::channel(false);
+    (
+        ProfileWriter {
+            sink,
+            shared: shared.clone(),
+            parts: Vec::new(),
+            max_frame,
+            hello: hello_tx,
+        },
+        ProfileReader {
+            source,
+            shared,
+            queue: VecDeque::new(),
+            max_frame,
+            hello: hello_rx,
+        },
+    )
+}
+
+fn lock(shared: &Mutex<Translator>) -> std::sync::MutexGuard<'_, Translator> {
+    // The translator holds no invariant a panic elsewhere could break
+    // half-way that matters more than answering.
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Reads messages and hands the session relay records.
+pub struct ProfileReader<S> {
+    source: S,
+    shared: Arc<Mutex<Translator>>,
+    queue: VecDeque<Vec<u8>>,
+    max_frame: usize,
+    /// Set once the writer has passed the session's hello: requests are
+    /// mapped with the mounts it names.
+    hello: watch::Receiver<bool>,
+}
+
+impl<S: MessageSource> RecordSource for ProfileReader<S> {
+    async fn recv(&mut self) -> Result<Vec<u8>, ChannelError> {
+        loop {
+            if let Some(record) = self.queue.pop_front() {
+                return Ok(record);
+            }
+            // Each await here may be dropped (the session's loop selects
+            // over it): a message once read is translated and queued
+            // before the next await.
+            if self.hello.wait_for(|seen| *seen).await.is_err() {
+                return Err(ChannelError::Closed { reason: None });
+            }
+            let message = self.source.next().await?;
+            let records = lock(&self.shared)
+                .inbound(&message, self.max_frame)
+                .map_err(|e| ChannelError::Profile(e.to_string()))?;
+            self.queue.extend(records);
+        }
+    }
+}
+
+/// Takes the session's relay records and writes messages.
+pub struct ProfileWriter<K> {
+    sink: K,
+    shared: Arc<Mutex<Translator>>,
+    /// A frame being joined from its parts.
+    parts: Vec<u8>,
+    max_frame: usize,
+    hello: watch::Sender<bool>,
+}
+
+impl<K: MessageSink> ProfileWriter<K> {
+    async fn frame(&mut self, json: &[u8], flush: bool) -> Result<(), ChannelError> {
+        let messages = lock(&self.shared).outbound(json);
+        if !*self.hello.borrow() && lock(&self.shared).has_hello() {
+            self.hello.send_replace(true);
+        }
+        for message in messages {
+            let bytes = serde_json::to_vec(&message).unwrap_or_default();
+            self.sink.write(&bytes, false).await?;
+        }
+        // Also when this frame said nothing (an answer already given): the
+        // flush is for what is queued before it.
+        if flush {
+            self.sink.flush().await?;
+        }
+        Ok(())
+    }
+}
+
+impl<K: MessageSink + 'static> RecordSink for ProfileWriter<K> {
+    async fn send(&mut self, record: Vec<u8>, flush: bool) -> Result<(), ChannelError> {
+        match record.first().copied() {
+            Some(KIND_FRAME) => self.frame(&record[1..], flush).await,
+            Some(KIND_PART) if record.len() >= 2 => {
+                if self.parts.len() + record.len() - 2 > self.max_frame {
+                    return Err(ChannelError::Profile("a frame past max_frame".into()));
+                }
+                self.parts.extend_from_slice(&record[2..]);
+                if record[1] == 0 {
+                    return Ok(());
+                }
+                let json = std::mem::take(&mut self.parts);
+                self.frame(&json, flush).await
+            }
+            Some(KIND_CHUNK) => Err(ChannelError::Profile(
+                "binary data in ya-environment-protocol.v1, which has none".into(),
+            )),
+            _ => Err(ChannelError::Profile("not a record".into())),
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), ChannelError> {
+        self.sink.flush().await
+    }
+
+    async fn close(&mut self, policy: bool, reason: &str) {
+        goodbye(&mut self.sink, policy, reason).await;
+    }
+}
+
+/// Ends a channel before any session (a peer the transport could not map
+/// to a principal), saying why as [`ProfileWriter`]'s close does.
+pub async fn refuse<K: MessageSink>(mut sink: K, reason: &str) {
+    goodbye(&mut sink, true, reason).await;
+}
+
+/// The spec's word for a provider going away (`provider.revoked` when a
+/// policy decided it, else `provider.offline`), then the end of the
+/// stream; bounded, as the peer may not read.
+async fn goodbye<K: MessageSink>(sink: &mut K, policy: bool, reason: &str) {
+    let kind = if policy {
+        "provider.revoked"
+    } else {
+        "provider.offline"
+    };
+    let event = serde_json::json!({"jsonrpc": "2.0", "method": "$/event",
+        "params": {"event": kind, "payload": {"reason": reason}}});
+    let bytes = serde_json::to_vec(&event).unwrap_or_default();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+        let _ = sink.write(&bytes, true).await;
+        sink.close().await;
+    })
+    .await;
+}
