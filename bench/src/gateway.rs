@@ -51,10 +51,15 @@ impl Gateway {
         let identity = portcullis_wire::keyfile::generate(&identity_file, true)
             .map_err(|e| fail("the client key", &e))?;
         let root = dir.join("root");
+        // The environment socket's peers are principals by user: this one.
+        let uid = std::os::unix::fs::MetadataExt::uid(
+            &std::fs::metadata(&root).map_err(|e| fail("the root", &e))?,
+        );
         let policy = format!(
             r#"[[principal]]
 id = "bench"
 public_key = "{client}"
+unix_uid = {uid}
 
 [[root]]
 id = "work"

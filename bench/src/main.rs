@@ -13,6 +13,7 @@ use std::time::Duration;
 use clap::Parser;
 
 mod gateway;
+mod jsonrpc;
 mod measure;
 mod report;
 mod rows;
@@ -92,6 +93,9 @@ enum Part {
     Dial,
     /// The Python package beside the Rust client on one gateway.
     Python,
+    /// ya-environment-protocol.v1 over stdio and a Unix socket beside
+    /// relay.v1 dialed in.
+    Envproto,
 }
 
 impl Args {
@@ -214,6 +218,9 @@ async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
     drop(gateway);
     if args.wants(Part::Dial) {
         rows::dial(args, work, &mut results).await?;
+    }
+    if args.wants(Part::Envproto) {
+        rows::envproto(args, work, &mut results).await?;
     }
     if args.wants(Part::Scale) {
         // The scale test runs on a gateway of its own, started fresh.

@@ -1063,3 +1063,92 @@ fn python_figures(
     }
     serde_json::from_slice(&out.stdout).map_err(|e| format!("python/bench.py printed: {e}"))
 }
+
+/// ya-environment-protocol.v1 (issue 39) beside relay.v1 dialed in: one
+/// round trip at a time of `shell.exec` `/bin/true` and of an audited
+/// `file.stat`, over stdio (`portcullis stdio`, the runtime's child, with a
+/// store of its own) and over the environment socket of a daemon, beside
+/// the same requests from the Rust client over the daemon's WebSocket.
+/// The compared column is dial-in, not OpenSSH.
+pub async fn envproto(
+    args: &Args,
+    work: &std::path::Path,
+    results: &mut Results,
+) -> Result<(), String> {
+    use crate::jsonrpc::JsonRpc;
+    let dir = work.join("envproto");
+    let gateway = Gateway::start_with(&dir, "environment_socket = \"env.sock\"\n")?;
+    let stdio_config = dir.join("stdio.toml");
+    std::fs::write(
+        &stdio_config,
+        "key_file = \"gateway.key\"\npolicy = \"policy.toml\"\nstate_dir = \"stdio-state\"\n\
+         admin_socket = \"stdio-admin.sock\"\n",
+    )
+    .map_err(|e| format!("the stdio config: {e}"))?;
+    let mut stdio = JsonRpc::stdio(&crate::gateway::binary()?, &stdio_config, "bench").await?;
+    let mut unix = JsonRpc::unix(&dir.join("env.sock")).await?;
+    let direct = gateway.session().await.map_err(|e| e.to_string())?;
+    std::fs::write(gateway.root.join("small.txt"), "x").map_err(|e| e.to_string())?;
+    let exec_relay = json!({"command": ["/bin/true"], "root_id": "work"});
+    let exec_rpc = json!({"command": ["/bin/true"], "cwd": "/work"});
+    let stat_relay = json!({"root_id": "work", "path": "small.txt"});
+    let stat_rpc = json!({"mount_id": "work", "path": "small.txt"});
+    // [stdio, unix, dial-in] × [exec, stat], p50 each round.
+    let mut figures: [[Spread; 2]; 3] = Default::default();
+    for round in 0..args.rounds {
+        eprintln!(
+            "ya-environment-protocol.v1 beside relay.v1, round {}",
+            round + 1
+        );
+        for (m, (method, relay, rpc)) in [
+            ("shell.exec", &exec_relay, &exec_rpc),
+            ("file.stat", &stat_relay, &stat_rpc),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for (t, client) in [&mut stdio, &mut unix].into_iter().enumerate() {
+                let mut latencies = Latencies::default();
+                for _ in 0..args.samples {
+                    let started = Instant::now();
+                    client.call(method, rpc).await?;
+                    latencies.push(started.elapsed());
+                }
+                figures[t][m].push(latencies.quantile_ms(0.5));
+            }
+            let mut latencies = Latencies::default();
+            for _ in 0..args.samples {
+                let started = Instant::now();
+                direct
+                    .request(method, relay.clone())
+                    .await
+                    .map_err(|e| format!("{method}: {e}"))?;
+                latencies.push(started.elapsed());
+            }
+            figures[2][m].push(latencies.quantile_ms(0.5));
+        }
+    }
+    stdio.close().await;
+    let [stdio_figures, unix_figures, direct_figures] = figures;
+    let [direct_exec, direct_stat] = direct_figures;
+    let note = "compared column: relay.v1 over the daemon's WebSocket, dialed in (not OpenSSH)";
+    for (transport, [exec, stat]) in [("stdio", stdio_figures), ("a Unix socket", unix_figures)] {
+        for (what, ours, theirs) in [
+            ("shell.exec `/bin/true`", exec, direct_exec.clone()),
+            ("file.stat", stat, direct_stat.clone()),
+        ] {
+            let mut row = Row::new(
+                "ya-environment-protocol.v1",
+                format!("{what} over {transport}, JSON-RPC, 1 in flight, p50"),
+                "ms",
+                ours,
+                theirs,
+                Better::Lower,
+                3,
+            );
+            row.note = note.into();
+            results.rows.push(row);
+        }
+    }
+    Ok(())
+}
