@@ -16,6 +16,10 @@ pub struct Config {
     pub policy: PathBuf,
     pub state_dir: PathBuf,
     pub admin_socket: PathBuf,
+    /// A Unix socket serving ya-environment-protocol.v1 (JSON-RPC, LSP
+    /// framing) to local runtimes, each the principal whose `unix_uid` is
+    /// its user.
+    pub environment_socket: Option<PathBuf>,
     pub limits: Limits,
     /// Serve HTTPS/WSS with this certificate chain and key (PEM).
     pub tls: Option<TlsFiles>,
@@ -238,6 +242,8 @@ struct RawConfig {
     state_dir: PathBuf,
     admin_socket: PathBuf,
     #[serde(default)]
+    environment_socket: Option<PathBuf>,
+    #[serde(default)]
     limits: Limits,
     #[serde(default)]
     tls: Option<TlsFiles>,
@@ -308,6 +314,17 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// Why `serve` would have nothing to serve on (no `listen`, no
+    /// `[[relay]]`); `portcullis stdio` needs neither.
+    pub fn nothing_to_serve(&self) -> Option<String> {
+        (self.listen.is_empty() && self.relays.is_empty() && self.environment_socket.is_none())
+            .then(|| {
+                "`listen` needs at least one address, e.g. [\"127.0.0.1:7443\"], \
+             unless the gateway dials out (`[[relay]]`) or serves `environment_socket`"
+                    .to_string()
+            })
+    }
+
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.into(),
@@ -331,12 +348,6 @@ impl Config {
             path: path.into(),
             message: message.to_string(),
         };
-        if raw.listen.is_empty() && raw.relay.is_empty() {
-            return Err(value_error(
-                "`listen` needs at least one address, e.g. [\"127.0.0.1:7443\"], \
-                 unless the gateway dials out (`[[relay]]`)",
-            ));
-        }
         let l = raw.limits;
         if l.max_connections == 0 || l.max_sessions_per_principal == 0 || l.max_in_flight == 0 {
             return Err(value_error("limits must be at least 1"));
@@ -454,6 +465,7 @@ impl Config {
             policy: resolve(raw.policy),
             state_dir: resolve(raw.state_dir),
             admin_socket: resolve(raw.admin_socket),
+            environment_socket: raw.environment_socket.map(resolve),
             limits: raw.limits,
             audit: raw.audit,
             secrets_dir: raw
@@ -573,12 +585,15 @@ max_entries = 1_000_000
             TokenSource::File("/etc/portcullis/relay.token".into())
         );
         assert_eq!(good.relays[0].plain_principal, None);
+        // Loading is fine (`portcullis stdio` needs no listener); `serve`
+        // says what is missing.
+        let nowhere = Config::parse(base, path).unwrap();
         assert!(
-            Config::parse(base, path)
-                .unwrap_err()
-                .to_string()
-                .contains("unless the gateway dials out")
+            nowhere
+                .nothing_to_serve()
+                .is_some_and(|why| why.contains("unless the gateway dials out"))
         );
+        assert!(good.nothing_to_serve().is_none());
         for (body, says) in [
             (
                 "url = \"ws://runtime.example/x\"\ntoken_file = \"t\"",

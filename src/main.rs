@@ -71,6 +71,32 @@ enum Command {
         #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "portcullis-demo")]
         demo: Option<PathBuf>,
     },
+    /// Serve ya-environment-protocol.v1 (JSON-RPC, LSP framing) on standard
+    /// input and output, for a runtime that starts the provider as its child.
+    #[command(
+        after_help = "The parent process acts as PRINCIPAL: its grants, its audit entries.                       The gateway is serve's (the same policy, audit log and sandbox) with one                       session and no listener; its state directory must not be a running                       daemon's. Logs go to standard error. docs/PROTOCOL.md §11."
+    )]
+    Stdio {
+        /// The configuration file.
+        #[arg(long, default_value = "/etc/portcullis/portcullis.toml")]
+        config: PathBuf,
+        /// The policy's principal the parent process acts as.
+        #[arg(long)]
+        principal: String,
+    },
+    /// Serve ya-environment-protocol.v1 on a Unix socket only: a local daemon
+    /// whose peers are the policy's principals by `unix_uid`.
+    #[command(
+        after_help = "The config's listen addresses and [[relay]] endpoints are not served;                       its admin socket is. To serve the socket beside them, set                       environment_socket in the config and run `serve`. docs/PROTOCOL.md §11."
+    )]
+    Socket {
+        /// The configuration file.
+        #[arg(long, default_value = "/etc/portcullis/portcullis.toml")]
+        config: PathBuf,
+        /// Where the socket is made (a stale one is replaced).
+        #[arg(long, value_name = "PATH")]
+        listen: PathBuf,
+    },
     /// Show a running daemon's state (through its admin socket).
     Status(cli::admin::Socket),
     /// Print a running daemon's Prometheus metrics (through its admin socket).
@@ -293,6 +319,8 @@ fn main() -> ExitCode {
             Ok(config) => cli::serve::serve(&config),
             Err(e) => cli::fail(e),
         },
+        Command::Stdio { config, principal } => cli::stdio::stdio(&config, &principal),
+        Command::Socket { config, listen } => cli::serve::socket(&config, &listen),
         Command::Connect(target) => cli::connect::connect(target),
         Command::Status(socket) => cli::admin::status(&socket),
         Command::Metrics(socket) => cli::admin::metrics(&socket),

@@ -10,7 +10,7 @@
 //!   the strictest of the tool's own and every matching override in the
 //!   principal's grants, so `block` and stricter policies always win.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -854,6 +854,12 @@ pub fn principal_by_key<'p>(policy: &'p Policy, key: &[u8; 32]) -> Option<&'p Pr
         .find(|p| p.public_key.as_ref() == Some(key))
 }
 
+/// The principal a local process of user `uid` is, on the environment
+/// socket (`unix_uid`).
+pub fn principal_by_uid(policy: &Policy, uid: u32) -> Option<&Principal> {
+    policy.principals.iter().find(|p| p.unix_uid == Some(uid))
+}
+
 /// The principal whose token hashes to a configured `token_hash`. Every
 /// principal's hash is compared, in constant time, so timing does not tell
 /// which (or whether any) matched.
@@ -878,6 +884,11 @@ pub struct Summary {
     pub fileops: BTreeMap<String, Mode>,
     pub shell: bool,
     pub pty: bool,
+    /// Whether every shell grant keeps processes past their session
+    /// (`persist`): only then can a runtime count on it.
+    pub persist: bool,
+    /// The roots commands may run in, of every shell grant.
+    pub cwd_roots: BTreeSet<String>,
     pub tools: Vec<String>,
     pub scripts: bool,
     pub resources: bool,
@@ -950,6 +961,7 @@ pub fn summary(policy: &Policy, principal_id: &str, now: jiff::Timestamp) -> Sum
     if principal_status(policy, principal_id, now).is_err() {
         return out;
     }
+    let mut persist = true;
     for g in active_grants(policy, principal_id, now) {
         for (root, mode) in &g.fileops {
             let entry = out.fileops.entry(root.clone()).or_insert(*mode);
@@ -958,6 +970,8 @@ pub fn summary(policy: &Policy, principal_id: &str, now: jiff::Timestamp) -> Sum
         if let Some(shell) = &g.shell {
             out.shell = true;
             out.pty |= shell.pty;
+            persist &= shell.persist;
+            out.cwd_roots.extend(shell.cwd_roots.iter().cloned());
         }
         out.scripts |= g.scripts.is_some();
         out.resources |= grants_resources(g);
@@ -966,6 +980,7 @@ pub fn summary(policy: &Policy, principal_id: &str, now: jiff::Timestamp) -> Sum
             out.max_resources = out.max_resources.max(r.max_resources);
         }
     }
+    out.persist = out.shell && persist;
     if out.resources && out.max_resources == 0 {
         out.max_resources = DEFAULT_MAX_RESOURCES;
     }

@@ -24,7 +24,7 @@ use std::ops::Range;
 pub use decide::{
     Capability, Decision, Denial, FileTerms, ProgramLookup, Query, ShellTerms, Summary, Target,
     Terms, Verdict, active_grants, artifact_destination, capability_of, decide, principal_by_key,
-    principal_by_token, principal_status, summary, tool_descriptors,
+    principal_by_token, principal_by_uid, principal_status, summary, tool_descriptors,
 };
 pub use load::{load_file, parse, valid_id};
 pub use model::*;

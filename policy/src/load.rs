@@ -34,6 +34,7 @@ pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Policy, PolicyEr
         text,
         errors: Vec::new(),
         seen: HashMap::new(),
+        unix_uids: HashMap::new(),
     };
     let policy = v.policy(raw, base_dir, hex::encode(Sha256::digest(text.as_bytes())));
     if v.errors.is_empty() {
@@ -64,6 +65,8 @@ struct Validator<'a> {
     errors: Vec<PolicyError>,
     /// (kind, id) → line of its first definition, to report duplicates.
     seen: HashMap<(&'static str, String), usize>,
+    /// unix_uid → the principal that has it.
+    unix_uids: HashMap<u32, String>,
 }
 
 /// The ids that references may name.
@@ -136,11 +139,21 @@ impl Validator<'_> {
             }
             parsed
         });
-        if public_key.is_none() && token_sha256.is_none() && !raw.disabled {
+        let unix_uid = raw.unix_uid.map(|uid| {
+            let (span, uid) = (uid.span(), *uid.get_ref());
+            if let Some(other) = self.unix_uids.insert(uid, id.clone()) {
+                self.error(
+                    span,
+                    format!("principal `{id}`: unix_uid {uid} is principal `{other}`'s already"),
+                );
+            }
+            uid
+        });
+        if public_key.is_none() && token_sha256.is_none() && unix_uid.is_none() && !raw.disabled {
             self.error(
                 raw.id.span(),
                 format!(
-                    "principal `{id}` has neither public_key nor token_hash, so nobody can be it"
+                    "principal `{id}` has neither public_key, token_hash nor unix_uid, so nobody can be it"
                 ),
             );
         }
@@ -149,6 +162,7 @@ impl Validator<'_> {
             description: raw.description,
             public_key,
             token_sha256,
+            unix_uid,
             expires_at: raw.expires_at.map(|e| e.0),
             disabled: raw.disabled,
         }

@@ -26,6 +26,9 @@ pub struct Principal {
     pub public_key: Option<[u8; 32]>,
     /// SHA-256 of the bearer token; the token itself is never stored.
     pub token_sha256: Option<[u8; 32]>,
+    /// A local process of this user, on the environment socket
+    /// (`SO_PEERCRED`).
+    pub unix_uid: Option<u32>,
     pub expires_at: Option<jiff::Timestamp>,
     pub disabled: bool,
 }

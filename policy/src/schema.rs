@@ -36,6 +36,8 @@ pub(crate) struct RawPrincipal {
     #[serde(default)]
     pub token_hash: Option<Spanned<String>>,
     #[serde(default)]
+    pub unix_uid: Option<Spanned<u32>>,
+    #[serde(default)]
     pub expires_at: Option<Expiry>,
     #[serde(default)]
     pub disabled: bool,

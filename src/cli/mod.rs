@@ -11,6 +11,7 @@ pub mod keys;
 pub mod policy;
 pub mod serve;
 pub mod shell;
+pub mod stdio;
 pub mod tools;
 
 use std::process::ExitCode;

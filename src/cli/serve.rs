@@ -19,50 +19,77 @@ use tracing::{error, info, warn};
 use crate::cli::fail;
 
 pub fn serve(config: &Path) -> ExitCode {
+    serve_with(config, None)
+}
+
+/// `portcullis socket`: the daemon with one transport, the environment
+/// socket at `path` (the config's `listen` and `[[relay]]` are not served).
+pub fn socket(config: &Path, path: &Path) -> ExitCode {
+    serve_with(config, Some(path))
+}
+
+fn serve_with(config: &Path, only_socket: Option<&Path>) -> ExitCode {
     init_logging();
     // Before any thread starts: this reads and clears LISTEN_FDS.
     let inherited = match systemd::inherited_listeners() {
         Ok(inherited) => inherited,
         Err(e) => return fail(format!("socket activation: {e}")),
     };
-    let config = match Config::load(config) {
+    let mut config = match Config::load(config) {
         Ok(config) => config,
         Err(e) => return fail(e),
     };
+    if let Some(path) = only_socket {
+        config.environment_socket = Some(path.to_path_buf());
+        config.listen.clear();
+        config.relays.clear();
+    }
+    if inherited.is_empty()
+        && let Some(why) = config.nothing_to_serve()
+    {
+        return fail(format!("config: {why}"));
+    }
+    let assembled = match assemble(config) {
+        Ok(assembled) => assembled,
+        Err(code) => return code,
+    };
+    let Assembled {
+        runtime,
+        gateway,
+        daemon,
+    } = assembled;
+    runtime.block_on(run(Arc::new(gateway), daemon, inherited))
+}
+
+/// What every way of serving opens first: the key, the policy, the audit
+/// log (recovered if the last stop was unclean), the providers.
+pub(crate) struct Assembled {
+    pub runtime: tokio::runtime::Runtime,
+    pub gateway: Gateway,
+    pub daemon: Daemon,
+}
+
+pub(crate) fn assemble(config: Config) -> Result<Assembled, ExitCode> {
     let key = match keyfile::load(&config.key_file) {
         Ok(key) => key,
         Err(e) => {
-            return fail(format!(
+            return Err(fail(format!(
                 "{e}\n(create one with `portcullis keys generate {}`)",
                 config.key_file.display()
-            ));
+            )));
         }
     };
-    let policy = match load_file(&config.policy) {
-        Ok(policy) => policy,
-        Err(errors) => return fail(format!("the policy does not load:\n{errors}")),
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let policy = load_file(&config.policy)
+        .map_err(|errors| fail(format!("the policy does not load:\n{errors}")))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
-    };
+        .map_err(|e| fail(format!("cannot start the async runtime: {e}")))?;
     let store_dir = config.state_dir.join("store");
-    let store = match portcullis_store::Store::open(&store_dir) {
-        Ok(store) => store,
-        Err(e) => return fail(e),
-    };
-    let signer =
-        match portcullis_store::AuditSigner::load_or_create(&config.state_dir.join("audit.key")) {
-            Ok(signer) => signer,
-            Err(e) => return fail(e),
-        };
-    let audit = match store.audit(Some(signer)) {
-        Ok(audit) => audit,
-        Err(e) => return fail(e),
-    };
+    let store = portcullis_store::Store::open(&store_dir).map_err(fail)?;
+    let signer = portcullis_store::AuditSigner::load_or_create(&config.state_dir.join("audit.key"))
+        .map_err(fail)?;
+    let audit = store.audit(Some(signer)).map_err(fail)?;
     let recovery = audit.recovery();
     if recovery.restored > 0 || recovery.discarded_bytes > 0 {
         warn!(
@@ -80,21 +107,19 @@ pub fn serve(config: &Path) -> ExitCode {
              `portcullis audit list --status interrupted` lists them"
         );
     }
-    let remembered = match store.approvals() {
-        Ok(remembered) => remembered,
-        Err(e) => return fail(e),
-    };
+    let remembered = store.approvals().map_err(fail)?;
     let daemon = Daemon::assemble(&config, audit.clone());
     let (providers, instance_id) = (daemon.providers.clone(), daemon.instance_id.clone());
     let mut gateway = Gateway::new(config, key, policy, audit, providers, instance_id);
     gateway.approvals = portcullis::server::approvals::Approvals::new(Some(remembered));
     if let Some(files) = &gateway.config.tls {
-        match portcullis::tls::acceptor(&files.cert, &files.key) {
-            Ok(acceptor) => gateway.tls = Some(acceptor),
-            Err(e) => return fail(e),
-        }
+        gateway.tls = Some(portcullis::tls::acceptor(&files.cert, &files.key).map_err(fail)?);
     }
-    runtime.block_on(run(Arc::new(gateway), daemon, inherited))
+    Ok(Assembled {
+        runtime,
+        gateway,
+        daemon,
+    })
 }
 
 async fn run(
@@ -116,6 +141,18 @@ async fn run(
         }
     };
     tokio::spawn(server::admin::serve(gateway.clone(), admin));
+    let environment = match &gateway.config.environment_socket {
+        Some(path) => match server::environment::bind(path) {
+            Ok(listener) => Some((listener, path.clone())),
+            Err(e) => {
+                return fail(format!(
+                    "cannot bind the environment socket {}: {e}",
+                    path.display()
+                ));
+            }
+        },
+        None => None,
+    };
     if let Some(addr) = gateway.config.metrics_listen {
         match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
@@ -144,10 +181,19 @@ async fn run(
     for listener in listeners {
         // One line per address on stdout, for scripts and tests.
         if let Ok(addr) = listener.local_addr() {
-            println!("listening on {addr}");
+            say(&format!("listening on {addr}"));
             addresses.push(addr.to_string());
         }
         tokio::spawn(server::serve(gateway.clone(), listener));
+    }
+    if let Some((listener, path)) = environment {
+        // After the TCP lines: scripts read the first line for the address.
+        say(&format!("environment socket {}", path.display()));
+        addresses.push(format!(
+            "unix:{} (ya-environment-protocol.v1)",
+            path.display()
+        ));
+        tokio::spawn(server::environment::serve(gateway.clone(), listener, path));
     }
     for (index, relay) in gateway.config.relays.iter().enumerate() {
         info!(url = %relay.url, "dialing out to a relay endpoint");
@@ -176,6 +222,20 @@ async fn run(
     }
     info!(sessions = gateway.sessions.count(), "shutting down");
     systemd::stopping();
+    shut_down(&gateway, daemon).await
+}
+
+/// A line on stdout for scripts and tests; nobody reading it (a closed
+/// pipe) is not an error of the daemon's.
+fn say(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
+/// Stops serving: sessions finish what is in flight (bounded by
+/// `shutdown_grace`), started processes end, the log's tail is signed.
+pub(crate) async fn shut_down(gateway: &Gateway, daemon: Daemon) -> ExitCode {
     gateway.shutdown.cancel();
     // Sessions finish what is in flight (bounded by shutdown_grace), then close.
     let deadline =

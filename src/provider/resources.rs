@@ -23,6 +23,16 @@ pub struct EventSink {
 }
 
 impl EventSink {
+    /// Whether both send to the same session.
+    pub fn same_session(&self, other: &EventSink) -> bool {
+        self.outbox.same_channel(&other.outbox)
+    }
+
+    /// Whether the session is gone.
+    pub fn is_closed(&self) -> bool {
+        self.outbox.is_closed()
+    }
+
     /// Waits while the peer is slow; fails only when the session is gone.
     pub async fn send(&self, event: &str, payload: Value) -> Result<(), SessionGone> {
         let frame = Frame::Event(Event {

@@ -48,6 +48,12 @@ use portcullis_store::Health;
 
 /// Binds the admin socket (replacing a stale one) with mode 0660.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    bind_socket(path, 0o660)
+}
+
+/// Binds a Unix socket at `path` (its directory made, a stale socket
+/// replaced) with `mode`.
+pub(crate) fn bind_socket(path: &Path, mode: u32) -> std::io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -56,7 +62,7 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
         _ => {}
     }
     let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(listener)
 }
 
@@ -110,7 +116,7 @@ pub async fn serve(gateway: Arc<Gateway>, listener: UnixListener) {
 /// be read is another, more privileged user (a command runs as the
 /// daemon's own uid, whose entries the daemon can always read), and is
 /// judged by the owner check alone.
-fn foreign_namespace(pid: i32) -> Option<&'static str> {
+pub(crate) fn foreign_namespace(pid: i32) -> Option<&'static str> {
     ["user", "pid", "mnt"].into_iter().find(|namespace| {
         let of = |who: &str| std::fs::read_link(format!("/proc/{who}/ns/{namespace}")).ok();
         matches!((of("self"), of(&pid.to_string())), (Some(own), Some(peer)) if own != peer)

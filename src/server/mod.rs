@@ -12,6 +12,7 @@ pub mod admin;
 pub mod approvals;
 pub mod dial;
 pub mod entry;
+pub mod environment;
 pub mod metrics;
 pub mod peer;
 pub mod session;

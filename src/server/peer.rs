@@ -12,6 +12,12 @@ pub enum Peer {
     /// A runtime's relay endpoint the gateway dialed (`[[relay]]`), in
     /// the Noise or the plain profile.
     Relay { url: String, plain: bool },
+    /// `portcullis stdio`: the process that started this one, speaking
+    /// ya-environment-protocol.v1 on its standard input and output.
+    Stdio { parent: u32 },
+    /// A Unix socket in ya-environment-protocol.v1: the peer's process and
+    /// user as the kernel reports them (`SO_PEERCRED`).
+    Unix { uid: u32, pid: Option<i32> },
 }
 
 impl fmt::Display for Peer {
@@ -22,6 +28,15 @@ impl fmt::Display for Peer {
             // Every entry of a plain session says so, in its peer.
             Self::Relay { url, plain: true } => write!(f, "plain {url}"),
             Self::Relay { url, plain: false } => write!(f, "{url}"),
+            // The profile is named too: these speak JSON-RPC, not relay.v1.
+            Self::Stdio { parent } => write!(f, "stdio v1-jsonrpc (parent pid {parent})"),
+            Self::Unix {
+                uid,
+                pid: Some(pid),
+            } => {
+                write!(f, "unix v1-jsonrpc (uid {uid}, pid {pid})")
+            }
+            Self::Unix { uid, pid: None } => write!(f, "unix v1-jsonrpc (uid {uid})"),
         }
     }
 }

@@ -251,7 +251,24 @@ fn params<T: serde::de::DeserializeOwned>(request: &Request) -> Result<T, ErrorB
         .map_err(|e| invalid(format!("{} params: {e}", request.method)))
 }
 
+/// Commands run on one execution target, `local` (ya-environment-
+/// protocol.v1's `target_id`): a request naming another is `not_found`.
+fn on_the_target(request: &Request) -> Result<(), ErrorBody> {
+    match request.params.get("target_id") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(t)) if t == portcullis_wire::envproto::TARGET_ID => Ok(()),
+        Some(other) => Err(ErrorBody::new(
+            ErrorCode::NotFound,
+            format!(
+                "no execution target {other}: this gateway has one, `{}`",
+                portcullis_wire::envproto::TARGET_ID
+            ),
+        )),
+    }
+}
+
 async fn exec(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
+    on_the_target(&call.request)?;
     let p: ExecParams = params(&call.request)?;
     let link = CommandLink::of(&call);
     // Taken out: the call itself lives on (an artifact is uploaded for it).

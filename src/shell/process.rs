@@ -217,9 +217,14 @@ impl Process {
         }
     }
 
-    /// Tells this session `process.exited` when the process exits.
+    /// Tells this session `process.exited` when the process exits (once,
+    /// however often it starts or attaches).
     pub fn watch(&self, sink: EventSink) {
         let mut watchers = lock(&self.watchers);
+        watchers.retain(|w| !w.is_closed());
+        if watchers.iter().any(|w| w.same_session(&sink)) {
+            return;
+        }
         if watchers.len() >= 64 {
             watchers.remove(0);
         }
@@ -460,15 +465,24 @@ impl Output {
 /// Bytes a reader takes from the ring at a time.
 const READ_BATCH: usize = 256 * 1024;
 
-/// Sends the output from `seq` until it ends, as `stream` frames or
-/// chunks (the session's [`OutputForm`]), reporting what the ring no
-/// longer held as `output_truncated` stream frames. Returns the bytes
-/// missed.
+/// How far [`stream`] went.
+pub struct Streamed {
+    /// Bytes the ring no longer held (reported as `output_truncated`).
+    pub missed: u64,
+    /// Whether the output ended; `false` when the deadline came first.
+    pub ended: bool,
+}
+
+/// Sends the output from `seq` until it ends (or, with a `deadline`, until
+/// it is caught up at or after it), as `stream` frames or chunks (the
+/// session's [`OutputForm`]), reporting what the ring no longer held as
+/// `output_truncated` stream frames.
 pub async fn stream(
     process: &Process,
     mut seq: u64,
     sink: &StreamSink,
-) -> Result<u64, SessionGone> {
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Streamed, SessionGone> {
     let mut progress = process.output.subscribe();
     let mut missed_total = 0;
     let mut text = (sink.output_form() == OutputForm::Frames).then(TextOutput::default);
@@ -498,15 +512,27 @@ pub async fn stream(
             }
         }
         seq = batch.next;
-        if batch.done {
+        let ended = batch.done;
+        let waited = caught_up && deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
+        if ended || waited {
             if let Some(text) = &mut text {
                 text.flush(&mut frames);
                 send_frames(sink, &mut frames).await?;
             }
-            return Ok(missed_total);
+            return Ok(Streamed {
+                missed: missed_total,
+                ended,
+            });
         }
-        if caught_up && progress.changed().await.is_err() {
-            return Ok(missed_total);
+        if caught_up {
+            let until = deadline
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400 * 365));
+            tokio::select! {
+                changed = progress.changed() => if changed.is_err() {
+                    return Ok(Streamed { missed: missed_total, ended: true });
+                },
+                () = tokio::time::sleep_until(until) => {}
+            }
         }
     }
 }
@@ -601,7 +627,13 @@ impl Processes {
         } else {
             format!("no process `{id}` of yours (it may have exited and been forgotten)")
         };
-        Err(ErrorBody::new(ErrorCode::NotFound, message))
+        // `lost`: the handle was real, its process ended with that run
+        // (the 0.92 profile's `process_lost`).
+        let error = ErrorBody::new(ErrorCode::NotFound, message);
+        Err(match earlier {
+            true => error.with_details(json!({"lost": true, "reason": "gateway_restarted"})),
+            false => error,
+        })
     }
 
     /// The principal's processes, oldest first.

@@ -46,6 +46,7 @@ struct StartParams {
 }
 
 pub async fn start(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
+    super::on_the_target(&call.request)?;
     let p: StartParams = params(&call.request)?;
     let terms = shell_terms(call.terms.clone())?;
     let mut start_entry = std::mem::replace(&mut call.start_entry, StartEntry::durable());
@@ -203,14 +204,31 @@ async fn follow(
     seq: u64,
     owner: bool,
 ) -> Result<Value, ErrorBody> {
+    follow_until(call, process, seq, owner, None).await
+}
+
+/// [`follow`], or with a `deadline`, until the output is caught up at or
+/// after it: a process still running then answers
+/// `{process_id, state: "running", next_seq}` (a poll; it is not touched).
+async fn follow_until(
+    call: &Call,
+    process: &Arc<Process>,
+    seq: u64,
+    owner: bool,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Value, ErrorBody> {
     let _following = process.follow();
     let streamed = tokio::select! {
-        streamed = process::stream(process, seq, &call.stream) => streamed,
+        streamed = process::stream(process, seq, &call.stream, deadline) => streamed,
         () = call.cancel.cancelled() => return Err(let_go(call, process, owner, false)),
     };
-    let Ok(missed) = streamed else {
+    let Ok(process::Streamed { missed, ended }) = streamed else {
         return Err(let_go(call, process, owner, true));
     };
+    if !ended {
+        return Ok(json!({"process_id": process.id, "state": "running",
+                         "next_seq": process.output.span().1, "missed_bytes": missed}));
+    }
     let mut result = tokio::select! {
         result = process.exited() => result,
         () = call.cancel.cancelled() => return Err(let_go(call, process, owner, false)),
@@ -306,6 +324,10 @@ struct AttachParams {
     process_id: String,
     /// Replay from this sequence number; default: the oldest output kept.
     from_seq: Option<u64>,
+    /// Answer once caught up after this long even if the process still
+    /// runs (a poll, e.g. `process.wait` with a timeout; `0`: what the
+    /// ring holds now).
+    wait_ms: Option<u64>,
 }
 
 /// Follows a process of the caller's from `from_seq` (or the oldest
@@ -336,7 +358,10 @@ pub async fn attach(shell: Shell, call: Call) -> Result<Value, ErrorBody> {
     if call.stream.event("attached", attached).await.is_err() {
         return Err(ErrorBody::new(ErrorCode::Cancelled, "the session ended"));
     }
-    follow(&call, &process, from, false).await
+    let deadline = p.wait_ms.map(|ms| {
+        tokio::time::Instant::now() + std::time::Duration::from_millis(ms.min(86_400_000))
+    });
+    follow_until(&call, &process, from, false, deadline).await
 }
 
 #[derive(Deserialize)]

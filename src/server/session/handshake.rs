@@ -86,6 +86,30 @@ where
     true
 }
 
+/// A ya-environment-protocol.v1 channel (stdio, a Unix socket) whose
+/// peer the transport has already identified as `principal`, then the
+/// session, the same as any other.
+pub async fn envproto<S, K>(
+    gateway: Arc<Gateway>,
+    source: S,
+    sink: K,
+    peer: Peer,
+    principal: String,
+) where
+    S: portcullis_wire::envproto::MessageSource,
+    K: portcullis_wire::envproto::MessageSink + 'static,
+{
+    let started = Instant::now();
+    let (writer, reader) =
+        portcullis_wire::envproto::split(source, sink, gateway.config.limits.max_frame);
+    let opened = Box::new(Opened {
+        reader,
+        writer,
+        identity: Identity::Configured { principal },
+    });
+    run(gateway, opened, peer, started).await;
+}
+
 /// The handshake on its own, so that nothing of it stays in the session's
 /// future. (Boxed: a value moved into an awaited call stays in the
 /// caller's future as well, rust-lang/rust#62958, here for the session's

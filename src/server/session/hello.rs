@@ -27,15 +27,23 @@ pub fn capabilities_json(policy: &Policy, granted: &Summary) -> Map<String, Valu
             .filter_map(|(id, mode)| {
                 let root = policy.root(id)?;
                 Some(json!({"root_id": id, "label": root.description.clone().unwrap_or_else(|| id.clone()),
-                            "virtual_path": root.virtual_path, "mode": mode.as_str()}))
+                            "virtual_path": root.virtual_path, "mode": mode.as_str(),
+                            "follow_symlinks": root.follow_symlinks}))
             })
             .collect();
-        caps.insert("fileops".into(), json!({"enabled": true, "roots": roots}));
+        // `generation` (additive): the policy's, which a reload changes.
+        caps.insert(
+            "fileops".into(),
+            json!({"enabled": true, "roots": roots, "generation": policy.generation}),
+        );
     }
     if granted.shell {
+        // `persist` and `cwd_roots` (additive): whether every process
+        // outlives its session, and where commands may run.
         caps.insert(
             "shell".into(),
-            json!({"enabled": true, "runtime": "portcullis", "interactive": granted.pty}),
+            json!({"enabled": true, "runtime": "portcullis", "interactive": granted.pty,
+                   "persist": granted.persist, "cwd_roots": granted.cwd_roots}),
         );
     }
     if !granted.tools.is_empty() {

@@ -1,0 +1,700 @@
+//! ya-environment-protocol.v1 (the 0.92 spec) end to end: the real
+//! binary as a child over stdio with LSP framing, spoken to by a client
+//! written from the spec's texts alone — JSON-RPC messages by hand, no
+//! portcullis crate. Every request it makes is found in the audit log.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use portcullis_crypto::StaticKeypair;
+use portcullis_wire::keyfile;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+const POLICY: &str = r#"
+[[principal]]
+id = "runtime"
+public_key = "KEY"
+
+[[root]]
+id = "main"
+path = "GWDIR/workspace"
+virtual_path = "/workspace/main"
+
+[[grant]]
+id = "runtime"
+principals = ["runtime"]
+fileops = { main = "rw" }
+shell = { commands = ["sh", "cat", "sleep", "echo", "true", "pwd"], cwd_roots = ["main"], env_set = { PATH = "/usr/bin:/bin" }, persist = true, pty = true }
+"#;
+
+/// A provider directory: config, gateway key, policy, workspace.
+struct Provider {
+    dir: PathBuf,
+}
+
+impl Provider {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("portcullis-envproto-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("workspace")).unwrap();
+        keyfile::generate(&dir.join("gateway.key"), false).unwrap();
+        let client = StaticKeypair::generate().unwrap();
+        let policy = POLICY
+            .replace("KEY", &common::key_b64(&client))
+            .replace("GWDIR", &dir.display().to_string());
+        std::fs::write(dir.join("policy.toml"), policy).unwrap();
+        std::fs::write(
+            dir.join("portcullis.toml"),
+            "key_file = \"gateway.key\"\npolicy = \"policy.toml\"\nstate_dir = \"state\"\n\
+             admin_socket = \"admin.sock\"\n",
+        )
+        .unwrap();
+        Self { dir }
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.join("portcullis.toml")
+    }
+
+    /// `portcullis stdio` as the runtime's child.
+    fn launch(&self) -> Rpc {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("stderr.log"))
+            .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+            .args(["stdio", "--principal", "runtime", "--config"])
+            .arg(self.config())
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start portcullis stdio");
+        let stdin: Box<dyn AsyncWrite + Unpin + Send> = Box::new(child.stdin.take().unwrap());
+        let stdout: Box<dyn AsyncRead + Unpin + Send> = Box::new(child.stdout.take().unwrap());
+        Rpc::over(stdout, stdin, Some(child))
+    }
+
+    /// Every audit entry (the provider has exited: the store is free).
+    fn audit(&self) -> Vec<Value> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+            .args(["audit", "list", "--json", "--limit", "100000", "--config"])
+            .arg(self.config())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The runtime's end: LSP-framed JSON-RPC on the child's pipes or a
+/// Unix socket.
+struct Rpc {
+    /// The provider, when it is the runtime's child.
+    child: Option<Child>,
+    stdin: Option<Box<dyn AsyncWrite + Unpin + Send>>,
+    stdout: BufReader<Box<dyn AsyncRead + Unpin + Send>>,
+    /// Notifications (and requests) received while waiting for answers.
+    notes: Vec<Value>,
+    next: u64,
+}
+
+impl Rpc {
+    fn over(
+        read: Box<dyn AsyncRead + Unpin + Send>,
+        write: Box<dyn AsyncWrite + Unpin + Send>,
+        child: Option<Child>,
+    ) -> Self {
+        Rpc {
+            stdin: Some(write),
+            stdout: BufReader::new(read),
+            child,
+            notes: Vec::new(),
+            next: 0,
+        }
+    }
+
+    async fn unix(path: &std::path::Path) -> Self {
+        let stream = tokio::net::UnixStream::connect(path)
+            .await
+            .expect("connect to the environment socket");
+        let (read, write) = stream.into_split();
+        Rpc::over(Box::new(read), Box::new(write), None)
+    }
+
+    async fn send(&mut self, message: &Value) {
+        self.send_raw(message.to_string().as_bytes()).await;
+    }
+
+    async fn send_raw(&mut self, body: &[u8]) {
+        eprintln!("-> {}", String::from_utf8_lossy(body));
+        let stdin = self.stdin.as_mut().unwrap();
+        let header = format!("Content-Length: {}\r\n\r\n", body.len());
+        stdin.write_all(header.as_bytes()).await.unwrap();
+        stdin.write_all(body).await.unwrap();
+        stdin.flush().await.unwrap();
+    }
+
+    /// The next message, within 20 s. (What comes is printed: a failing
+    /// test shows the conversation.)
+    async fn recv(&mut self) -> Value {
+        let message = tokio::time::timeout(Duration::from_secs(20), self.read())
+            .await
+            .expect("no message from the provider in 20 s")
+            .expect("the provider closed its output");
+        eprintln!("<- {message}");
+        message
+    }
+
+    async fn read(&mut self) -> Option<Value> {
+        let mut length = None;
+        loop {
+            let mut line = String::new();
+            if self.stdout.read_line(&mut line).await.ok()? == 0 {
+                return None;
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            let (name, value) = line.split_once(':').expect("a header");
+            if name.eq_ignore_ascii_case("content-length") {
+                length = Some(value.trim().parse::<usize>().unwrap());
+            }
+        }
+        let mut body = vec![0; length.expect("Content-Length")];
+        self.stdout.read_exact(&mut body).await.ok()?;
+        Some(serde_json::from_slice(&body).expect("a JSON message"))
+    }
+
+    /// The answer to the message with `id`, keeping what comes before it.
+    async fn answer(&mut self, id: &Value) -> Value {
+        loop {
+            let message = self.recv().await;
+            if message.get("id") == Some(id) && message.get("method").is_none() {
+                return message;
+            }
+            self.notes.push(message);
+        }
+    }
+
+    /// A request with a fresh id and this context; its whole answer.
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = json!(self.next);
+        let context = json!({"session_id": "sess-1", "run_id": "run-42", "tool_call_id": format!("call-{}", self.next)});
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params, "context": context}))
+            .await;
+        let answer = self.answer(&id).await;
+        assert_eq!(answer["jsonrpc"], "2.0");
+        answer
+    }
+
+    /// A request that must succeed: its `result`.
+    async fn ok(&mut self, method: &str, params: Value) -> Value {
+        let answer = self.call(method, params).await;
+        assert!(answer.get("error").is_none(), "{method}: {answer}");
+        answer["result"].clone()
+    }
+
+    /// The handshake as 02-protocol.md has it: the provider sends
+    /// `initialize`, the runtime answers with what it accepts.
+    async fn initialize(&mut self) -> Value {
+        let init = self.recv().await;
+        assert_eq!(init["jsonrpc"], "2.0");
+        assert_eq!(init["method"], "initialize");
+        let params = init["params"].clone();
+        assert_eq!(params["protocol"], "ya-environment-protocol.v1");
+        let answer = json!({"jsonrpc": "2.0", "id": init["id"], "result": {
+            "accepted_protocol": "ya-environment-protocol.v1", "connection_id": "conn_123",
+            "accepted_capabilities": ["fileops", "shell", "process", "shell_session", "resources"],
+            "server_time": "2026-06-15T12:00:00Z",
+            "policy": {"grant_id": "grant_abc", "accepted_mount_ids": ["main"], "accepted_target_ids": ["local"]}}});
+        self.send(&answer).await;
+        let online = self.recv().await;
+        assert_eq!(online["method"], "$/event");
+        assert_eq!(online["params"]["event"], "provider.online");
+        assert_eq!(
+            online["params"]["payload"]["instance_id"],
+            params["provider"]["instance_id"]
+        );
+        params
+    }
+
+    /// Closes the provider's input and waits for it to exit.
+    async fn close(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        let mut child = self.child.take().expect("a child provider");
+        tokio::time::timeout(Duration::from_secs(20), child.wait())
+            .await
+            .expect("the provider did not exit after its input closed")
+            .unwrap()
+    }
+}
+
+fn error_name(answer: &Value) -> &str {
+    answer["error"]["data"]["name"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn a_runtime_from_the_spec_alone_uses_files_commands_processes_and_sessions_over_stdio() {
+    let provider = Provider::new("flow");
+    let mut rpc = provider.launch();
+    exercise(&mut rpc).await;
+    let exit = rpc.close().await;
+    assert!(exit.success(), "{exit:?}\n{}", provider.log());
+    all_audited(&provider.audit(), "stdio v1-jsonrpc");
+}
+
+#[tokio::test]
+async fn the_same_client_over_the_environment_socket_of_a_running_daemon() {
+    let uid = my_uid();
+    let policy = POLICY.replace(
+        "KEY\"",
+        &format!(
+            "{}\"\nunix_uid = {uid}",
+            common::key_b64(&StaticKeypair::generate().unwrap())
+        ),
+    );
+    let mut gateway = common::Gateway::start(&policy, "environment_socket = \"env.sock\"");
+    let socket = gateway.dir.join("env.sock");
+    let mut rpc = Rpc::unix(&socket).await;
+    exercise(&mut rpc).await;
+    drop(rpc);
+    // The daemon goes on; another connection of the same user is served.
+    let mut again = Rpc::unix(&socket).await;
+    again.initialize().await;
+    again
+        .ok(
+            "file.stat",
+            json!({"mount_id": "main", "path": "notes/a.txt"}),
+        )
+        .await;
+    drop(again);
+
+    // A user no principal names is refused before any session.
+    reload(
+        &gateway,
+        &policy.replace(&format!("unix_uid = {uid}"), "unix_uid = 4242"),
+    )
+    .await;
+    let mut stranger = Rpc::unix(&socket).await;
+    let refused = stranger.recv().await;
+    assert_eq!(refused["params"]["event"], "provider.revoked", "{refused}");
+    assert!(
+        stranger.read().await.is_none(),
+        "the socket is closed after the refusal"
+    );
+
+    let entries: Vec<Value> = gateway
+        .audit_entries()
+        .iter()
+        .map(|e| serde_json::to_value(e).unwrap())
+        .collect();
+    all_audited(&entries, "unix v1-jsonrpc (uid ");
+    assert!(entries.iter().any(|e| {
+        e["event"] == "auth_refused"
+            && e["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("no principal has unix_uid"))
+    }));
+    gateway.restart();
+}
+
+/// This process's user (the owner of a file it makes).
+fn my_uid() -> u32 {
+    let probe = tempfile::NamedTempFile::new().unwrap();
+    probe.as_file().metadata().unwrap().uid()
+}
+
+/// Writes the policy and waits until the daemon has reloaded it.
+async fn reload(gateway: &common::Gateway, policy: &str) {
+    let reloads = || gateway.log().matches("policy reloaded").count();
+    let before = reloads();
+    gateway.write_policy(policy);
+    gateway.signal("HUP");
+    for _ in 0..100 {
+        if reloads() > before {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the policy was not reloaded:\n{}", gateway.log());
+}
+
+/// The flow every transport must carry, as a runtime written from the
+/// spec would drive it.
+async fn exercise(rpc: &mut Rpc) {
+    let params = rpc.initialize().await;
+
+    // The descriptor: a mount, a target, honest persistence.
+    let provider_desc = &params["provider"];
+    assert_eq!(provider_desc["provider_kind"], "ya_envd");
+    assert!(
+        provider_desc["instance_id"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty())
+    );
+    let mount = &params["capabilities"]["fileops"]["mounts"][0];
+    assert_eq!(mount["mount_id"], "main");
+    assert_eq!(mount["virtual_path"], "/workspace/main");
+    assert_eq!(mount["mode"], "rw");
+    assert_eq!(mount["state"], "online");
+    assert!(mount["generation"].is_u64());
+    let target = &params["capabilities"]["shell"]["targets"][0];
+    assert_eq!(target["target_id"], "local");
+    assert_eq!(target["allowed_mount_ids"], json!(["main"]));
+    assert_eq!(target["process_persistence"], "provider");
+    assert_eq!(target["session_persistence"], "provider");
+    assert!(!params.to_string().contains("durable"));
+
+    // Files, by mount and mount-relative path.
+    let wrote = rpc.ok("file.write", json!({"mount_id": "main", "path": "notes/a.txt", "content": "alpha\nbeta\n", "create_parents": true})).await;
+    assert_eq!(wrote["path"], "/workspace/main/notes/a.txt");
+    let read = rpc.ok("file.read", json!({"mount_id": "main", "path": "notes/a.txt", "mode": "text", "encoding": "utf-8", "offset": 0, "length": 60000})).await;
+    assert_eq!(read["content"], "alpha\nbeta\n");
+    let listed = rpc
+        .ok(
+            "file.list",
+            json!({"mount_id": "main", "path": "notes", "include_hidden": false}),
+        )
+        .await;
+    assert_eq!(listed["entries"][0]["name"], "a.txt");
+    let stat = rpc
+        .ok(
+            "file.stat",
+            json!({"mount_id": "main", "path": "notes/a.txt"}),
+        )
+        .await;
+    assert_eq!(stat["size"], 11);
+    let outside = rpc
+        .call(
+            "file.read",
+            json!({"mount_id": "main", "path": "../../etc/passwd"}),
+        )
+        .await;
+    assert_eq!(outside["error"]["code"], -32040, "{outside}");
+    assert_eq!(error_name(&outside), "permission_denied");
+    assert_eq!(outside["error"]["data"]["mount_id"], "main");
+    assert_eq!(outside["id"], rpc.next);
+
+    // Stateless shell.exec: a command line, a cwd under the mount.
+    let exec = rpc.ok("shell.exec", json!({"target_id": "local", "command": "cat a.txt && pwd", "cwd": "/workspace/main/notes", "env": {"PYTHONUNBUFFERED": "1"}, "timeout_ms": 30000})).await;
+    assert_eq!(exec["exit_code"], 0, "{exec}");
+    assert!(
+        exec["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("alpha\nbeta\n"),
+        "{exec}"
+    );
+    assert_eq!(exec["truncated"], false);
+    assert!(exec["duration_ms"].is_u64());
+    let elsewhere = rpc
+        .call(
+            "shell.exec",
+            json!({"target_id": "gpu-box", "command": "true"}),
+        )
+        .await;
+    assert_eq!(error_name(&elsewhere), "not_found", "{elsewhere}");
+    let refused = rpc
+        .call("shell.exec", json!({"command": ["rm", "-rf", "notes"]}))
+        .await;
+    assert_eq!(error_name(&refused), "permission_denied", "{refused}");
+
+    // A background process, then waiting on it (its output drained).
+    let started = rpc.ok("process.start", json!({"target_id": "local", "command": "echo one; sleep 0.3; echo two >&2; exit 3", "cwd": "/workspace/main", "env": {}, "output_limit_bytes": 1048576})).await;
+    let process_id = started["process_id"].as_str().unwrap().to_string();
+    assert_eq!(started["persistence"], "provider");
+    assert!(started["started_at"].as_str().unwrap().ends_with('Z'));
+    let waited = rpc
+        .ok(
+            "process.wait",
+            json!({"process_id": process_id, "timeout_ms": 20000}),
+        )
+        .await;
+    assert_eq!(waited["status"], "exited", "{waited}");
+    assert_eq!(waited["exit_code"], 3);
+    assert_eq!(waited["stdout"], "one\n");
+    assert_eq!(waited["stderr"], "two\n");
+    let status = rpc
+        .ok("process.status", json!({"process_id": process_id}))
+        .await;
+    assert_eq!(status["status"], "exited");
+    assert_eq!(
+        status["command"],
+        "echo one; sleep 0.3; echo two >&2; exit 3"
+    );
+    // Its output came as $/stream under the start's id, with sequences.
+    let streamed: Vec<&Value> = rpc
+        .notes
+        .iter()
+        .filter(|m| m["method"] == "$/stream" && m["params"]["event"] == "stdout")
+        .collect();
+    assert!(
+        streamed
+            .iter()
+            .any(|m| m["params"]["data"] == "one\n" && m["params"]["sequence"] == 0),
+        "{:?}",
+        rpc.notes
+    );
+    assert!(
+        rpc.notes
+            .iter()
+            .any(|m| m["params"]["event"] == "process.exited"
+                && m["params"]["payload"]["process_id"] == process_id.as_str())
+    );
+
+    // A wait that ends before the process does; then kill.
+    let sleeper = rpc
+        .ok("process.start", json!({"command": "sleep 30"}))
+        .await;
+    let sleeper_id = sleeper["process_id"].as_str().unwrap().to_string();
+    let polled = rpc
+        .ok(
+            "process.wait",
+            json!({"process_id": sleeper_id, "timeout_ms": 200}),
+        )
+        .await;
+    assert_eq!(polled["status"], "running", "{polled}");
+    let listed = rpc.ok("process.list", json!({})).await;
+    assert!(
+        listed["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["process_id"] == sleeper_id.as_str() && p["status"] == "running")
+    );
+    let killed = rpc
+        .ok("process.kill", json!({"process_id": sleeper_id}))
+        .await;
+    assert_eq!(killed["killed"], true);
+    let after = rpc
+        .ok("process.status", json!({"process_id": sleeper_id}))
+        .await;
+    assert_eq!(after["status"], "killed", "{after}");
+
+    // A stateful shell session: open, exec, resize, snapshot, close.
+    let opened = rpc.ok("shell_session.open", json!({"target_id": "local", "cwd": "/workspace/main", "env": {}, "pty": {"cols": 120, "rows": 30}, "persistence": "provider"})).await;
+    let session_id = opened["session_id"].as_str().unwrap().to_string();
+    assert_eq!(opened["resource_id"], session_id.as_str());
+    assert_eq!(opened["persistence"], "provider");
+    rpc.ok(
+        "shell_session.exec",
+        json!({"session_id": session_id, "command": "cd notes && export MARK=kept"}),
+    )
+    .await;
+    rpc.ok(
+        "shell_session.exec",
+        json!({"session_id": session_id, "command": "echo \"$MARK in $(pwd)\""}),
+    )
+    .await;
+    let resized = rpc
+        .ok(
+            "shell_session.resize",
+            json!({"session_id": session_id, "cols": 100, "rows": 40}),
+        )
+        .await;
+    assert_eq!(resized["cols"], 100);
+    // The shell keeps its state between execs: the snapshot shows it.
+    // (Inside a command a root is at its host path: docs/OPERATIONS.md.)
+    let kept = |s: &Value| {
+        s["output"]
+            .as_str()
+            .unwrap_or("")
+            .contains("workspace/notes\r\n")
+    };
+    let mut snapshot = Value::Null;
+    for _ in 0..50 {
+        snapshot = rpc
+            .ok("shell_session.snapshot", json!({"session_id": session_id}))
+            .await;
+        if kept(&snapshot) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        kept(&snapshot) && snapshot["output"].as_str().unwrap().contains("kept in /"),
+        "{snapshot}"
+    );
+    assert_eq!(snapshot["status"], "open");
+    let sessions = rpc.ok("shell_session.list", json!({})).await;
+    assert!(
+        sessions["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["session_id"] == session_id.as_str())
+    );
+    let closed = rpc
+        .ok("shell_session.close", json!({"session_id": session_id}))
+        .await;
+    assert_eq!(closed["status"], "closed");
+    let gone = rpc
+        .ok("shell_session.status", json!({"session_id": session_id}))
+        .await;
+    assert_eq!(gone["status"], "closed");
+
+    // $/cancelRequest ends a running request with a terminal response.
+    rpc.next += 1;
+    let id = json!(format!("req_shell_{}", rpc.next));
+    rpc.send(&json!({"jsonrpc": "2.0", "id": id, "method": "shell.exec", "params": {"command": "sleep 30"}})).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    rpc.send(&json!({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": id, "reason": "user_cancelled"}})).await;
+    let cancelled = rpc.answer(&id).await;
+    assert_eq!(error_name(&cancelled), "cancelled", "{cancelled}");
+
+    // The protocol's own messages.
+    let ping = rpc
+        .call("$/ping", json!({"ts": "2026-06-15T12:00:00Z"}))
+        .await;
+    assert_eq!(ping["result"]["ts"], "2026-06-15T12:00:00Z");
+    let status = rpc.ok("provider.status", json!({})).await;
+    assert_eq!(status["state"], "online");
+    assert_eq!(status["instance_id"], provider_desc["instance_id"]);
+    let caps = rpc.ok("provider.capabilities", json!({})).await;
+    assert_eq!(
+        caps["capabilities"]["fileops"]["mounts"][0]["mount_id"],
+        "main"
+    );
+    let unknown = rpc.call("computer.see", json!({})).await;
+    assert_eq!(error_name(&unknown), "capability_unavailable", "{unknown}");
+    let unknown = rpc.call("nothing.here", json!({})).await;
+    assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+
+    // Not JSON-RPC: answered, and the session goes on.
+    rpc.send_raw(b"{this is not json").await;
+    let parse = rpc.answer(&Value::Null).await;
+    assert_eq!(parse["error"]["code"], -32700, "{parse}");
+    rpc.ok("file.stat", json!({"mount_id": "main", "path": "notes"}))
+        .await;
+}
+
+/// Every request went through the one path: decided, audited with the
+/// runtime's context, under a peer that names the transport and profile.
+fn all_audited(entries: &[Value], peer: &str) {
+    let requests: Vec<&Value> = entries.iter().filter(|e| e["kind"] == "request").collect();
+    assert!(
+        requests
+            .iter()
+            .any(|e| e["method"] == "shell.start" && e["run_id"] == "run-42"),
+        "{requests:#?}"
+    );
+    assert!(
+        requests
+            .iter()
+            .any(|e| e["method"] == "file.read" && e["decision"] == "blocked")
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|e| e["peer"].as_str().is_some_and(|p| p.starts_with(peer))),
+        "{requests:#?}"
+    );
+    // The message that was not JSON was refused on the record too.
+    assert!(
+        requests.iter().any(|e| e["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("not valid"))),
+        "{requests:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_process_from_before_a_restart_is_lost_not_missing() {
+    let provider = Provider::new("restart");
+    let mut rpc = provider.launch();
+    let first = rpc.initialize().await;
+    let started = rpc
+        .ok("process.start", json!({"command": "sleep 30"}))
+        .await;
+    let process_id = started["process_id"].as_str().unwrap().to_string();
+    let opened = rpc
+        .ok(
+            "shell_session.open",
+            json!({"pty": {"cols": 80, "rows": 24}}),
+        )
+        .await;
+    let session_id = opened["session_id"].as_str().unwrap().to_string();
+    assert!(rpc.close().await.success(), "{}", provider.log());
+
+    let mut rpc = provider.launch();
+    let second = rpc.initialize().await;
+    assert_ne!(
+        first["provider"]["instance_id"],
+        second["provider"]["instance_id"]
+    );
+    let lost = rpc
+        .call("process.wait", json!({"process_id": process_id}))
+        .await;
+    assert_eq!(lost["error"]["code"], -32061, "{lost}");
+    assert_eq!(error_name(&lost), "process_lost");
+    let lost = rpc
+        .call("shell_session.status", json!({"session_id": session_id}))
+        .await;
+    assert_eq!(error_name(&lost), "session_lost", "{lost}");
+    let missing = rpc
+        .call("process.status", json!({"process_id": "nothing"}))
+        .await;
+    assert_eq!(error_name(&missing), "not_found", "{missing}");
+    assert!(rpc.close().await.success());
+    // Nothing of the first run outlived it.
+    assert!(common::processes_with(&provider.dir.display().to_string()).is_empty());
+}
+
+#[tokio::test]
+async fn hostile_framing_ends_the_provider_cleanly() {
+    let provider = Provider::new("hostile");
+    for garbage in [
+        &b"Content-Length: 999999999999\r\n\r\n"[..],
+        b"no header at all\r\n\r\n",
+        b"Content-Length: 5\r\n\r\n{",
+    ] {
+        let mut rpc = provider.launch();
+        rpc.initialize().await;
+        rpc.send_raw(b"{}").await;
+        let answer = rpc.answer(&Value::Null).await;
+        assert_eq!(
+            answer["error"]["data"]["name"], "invalid_request",
+            "{answer}"
+        );
+        rpc.stdin
+            .as_mut()
+            .unwrap()
+            .write_all(garbage)
+            .await
+            .unwrap();
+        let exit = rpc.close().await;
+        assert!(exit.success(), "{exit:?}");
+    }
+}
