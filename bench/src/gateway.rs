@@ -81,14 +81,16 @@ max_processes = 512
             root = root.display(),
         );
         std::fs::write(dir.join("policy.toml"), policy).map_err(|e| fail("the policy", &e))?;
+        // `extra_config` before `[limits]`: its top-level keys stay
+        // top-level, and a table of its own ends where `[limits]` starts.
         std::fs::write(
             dir.join("portcullis.toml"),
             "listen = [\"127.0.0.1:0\"]\nkey_file = \"gateway.key\"\npolicy = \"policy.toml\"\n\
-             state_dir = \"state\"\nadmin_socket = \"admin.sock\"\n\n[limits]\n\
-             max_connections = 12000\nmax_sessions_per_principal = 12000\nmax_in_flight = 64\n\
-             idle_timeout = \"10m\"\nhandshake_timeout = \"60s\"\n"
+             state_dir = \"state\"\nadmin_socket = \"admin.sock\"\n"
                 .to_string()
-                + extra_config,
+                + extra_config
+                + "\n[limits]\nmax_connections = 12000\nmax_sessions_per_principal = 12000\n\
+                   max_in_flight = 64\nidle_timeout = \"10m\"\nhandshake_timeout = \"60s\"\n",
         )
         .map_err(|e| fail("the config", &e))?;
         let mut child = Command::new(binary()?)
