@@ -22,6 +22,8 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod exit;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -130,7 +132,10 @@ where
     F: Future<Output = Result<T, Failure>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    pyo3_async_runtimes::tokio::future_into_py(py, async move { Ok(Answer(fut.await)) })
+    // The tokio runtime, with the hand-over to Python gated for exit.
+    pyo3_async_runtimes::generic::future_into_py::<exit::Counted, _, _>(py, async move {
+        Ok(Answer(fut.await))
+    })
 }
 
 fn parse_json(what: &str, text: Option<&str>) -> PyResult<Value> {
@@ -537,12 +542,15 @@ impl Progress {
         self.reported = self.done;
         if let Some(callback) = &self.callback {
             let done = self.done;
-            Python::attach(|py| {
-                // A callback that raises is reported, not fatal to the
-                // transfer.
-                if let Err(e) = callback.call1(py, (done,)) {
-                    e.print(py);
-                }
+            // Not at all once the interpreter is exiting (`exit`).
+            exit::with_python(|| {
+                Python::attach(|py| {
+                    // A callback that raises is reported, not fatal to the
+                    // transfer.
+                    if let Err(e) = callback.call1(py, (done,)) {
+                        e.print(py);
+                    }
+                })
             });
         }
     }
@@ -840,5 +848,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(generate_key, m)?)?;
     m.add_function(wrap_pyfunction!(public_key, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(exit::drain, m)?)?;
+    // Before the interpreter finalizes: no tokio thread is inside Python.
+    let drain = m.getattr("_drain")?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (drain,))?;
     Ok(())
 }

@@ -365,3 +365,37 @@ async def test_resize_a_terminal(client: portcullis.Client) -> None:
     await process.write("stty size; exit\n")
     seen = b"".join([piece.data async for piece in process.output()])
     assert b"40 132" in seen
+
+
+EXIT_SCRIPT = """
+import asyncio, sys
+import portcullis
+
+async def main() -> None:
+    gw = await portcullis.connect(sys.argv[1], gateway_key=sys.argv[2], identity=sys.argv[3], config_dir=sys.argv[4])
+    for _ in range(5):
+        await gw.shell.exec(["true"])
+    await gw.close()
+
+asyncio.run(main())
+"""
+
+
+def test_the_interpreter_exits_cleanly_after_its_work(gateway: Gateway) -> None:
+    # A tokio thread handing a result to asyncio while the interpreter
+    # finalized aborted about one process in twenty (SIGABRT, exit 134)
+    # before the module waited for such hand-overs at exit.
+    import subprocess
+    import sys
+
+    config_dir = gateway.dir / "client-config"
+    aborted = []
+    for _ in range(30):
+        run = subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT, gateway.url, gateway.key, str(gateway.identity), str(config_dir)],
+            capture_output=True,
+            timeout=60,
+        )
+        if run.returncode != 0:
+            aborted.append((run.returncode, run.stderr.decode()[-500:]))
+    assert aborted == []
