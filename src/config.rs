@@ -58,6 +58,10 @@ pub struct RelayEndpoint {
     /// requests run with this principal's grants. `None`: the Noise
     /// profile, where the runtime proves a principal's key itself.
     pub plain_principal: Option<String>,
+    /// The session speaks ya-environment-protocol.v1 (JSON-RPC: in the
+    /// Noise channel's records, or as the plain profile's text messages)
+    /// instead of relay.v1 frames.
+    pub environment: bool,
 }
 
 /// Where a relay endpoint's bearer token is read.
@@ -106,6 +110,10 @@ struct RawRelay {
     /// The principal of a `plain` endpoint.
     #[serde(default)]
     principal: Option<String>,
+    /// `ya-environment-relay.v1` (the default) or
+    /// `ya-environment-protocol.v1`.
+    #[serde(default)]
+    protocol: Option<String>,
 }
 
 /// `[artifacts]`: uploads of results to the runtime's storage.
@@ -449,12 +457,24 @@ impl Config {
                         })?)
                     }
                 };
+            let environment = match relay.protocol.as_deref() {
+                None | Some("ya-environment-relay.v1") => false,
+                Some(portcullis_wire::envproto::PROTOCOL) => true,
+                Some(other) => {
+                    return Err(at(format!(
+                        "`protocol` is `ya-environment-relay.v1` (the default) or `{}`, not \
+                         `{other}`",
+                        portcullis_wire::envproto::PROTOCOL
+                    )));
+                }
+            };
             relays.push(RelayEndpoint {
                 url: relay.url,
                 token,
                 cert_sha256,
                 ca_file: relay.ca_file.map(resolve),
                 plain_principal,
+                environment,
             });
         }
         Ok(Self {

@@ -97,6 +97,31 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         listen: PathBuf,
     },
+    /// Dial a runtime's endpoint and serve it only (the 0.92 spec's
+    /// `websocket --connect`): a [[relay]] given on the command line.
+    #[command(
+        after_help = "The config's listen addresses, environment socket and [[relay]] endpoints                       are not served; its admin socket is. The protocol defaults to                       ya-environment-protocol.v1 inside the Noise channel; --plain-principal                       speaks it as the spec's own WebSocket profile (JSON text messages over TLS).                       docs/OPERATIONS.md, \"Dial out to a runtime\"."
+    )]
+    Websocket {
+        /// The configuration file.
+        #[arg(long, default_value = "/etc/portcullis/portcullis.toml")]
+        config: PathBuf,
+        /// The runtime's endpoint: wss://HOST/PATH (ws:// only to loopback).
+        #[arg(long, value_name = "URL")]
+        connect: String,
+        /// The file holding the bearer token the endpoint expects.
+        #[arg(long, value_name = "FILE")]
+        token_file: PathBuf,
+        /// CA certificates (PEM) the endpoint's certificate must chain to.
+        #[arg(long, value_name = "FILE")]
+        ca_file: Option<PathBuf>,
+        /// Speak the plain profile (no Noise) as this principal.
+        #[arg(long, value_name = "PRINCIPAL")]
+        plain_principal: Option<String>,
+        /// Speak relay.v1 frames instead of JSON-RPC.
+        #[arg(long)]
+        relay_protocol: bool,
+    },
     /// Show a running daemon's state (through its admin socket).
     Status(cli::admin::Socket),
     /// Print a running daemon's Prometheus metrics (through its admin socket).
@@ -321,6 +346,32 @@ fn main() -> ExitCode {
         },
         Command::Stdio { config, principal } => cli::stdio::stdio(&config, &principal),
         Command::Socket { config, listen } => cli::serve::socket(&config, &listen),
+        Command::Websocket {
+            config,
+            connect,
+            token_file,
+            ca_file,
+            plain_principal,
+            relay_protocol,
+        } => {
+            let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+            let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
+            let mut keys = format!(
+                "url = {}\ntoken_file = {}\n",
+                quote(&connect),
+                quote(&absolute(token_file).to_string_lossy())
+            );
+            if !relay_protocol {
+                keys += "protocol = \"ya-environment-protocol.v1\"\n";
+            }
+            if let Some(ca) = ca_file {
+                keys += &format!("ca_file = {}\n", quote(&absolute(ca).to_string_lossy()));
+            }
+            if let Some(principal) = plain_principal {
+                keys += &format!("profile = \"plain\"\nprincipal = {}\n", quote(&principal));
+            }
+            cli::serve::websocket(&config, &keys)
+        }
         Command::Connect(target) => cli::connect::connect(target),
         Command::Status(socket) => cli::admin::status(&socket),
         Command::Metrics(socket) => cli::admin::metrics(&socket),

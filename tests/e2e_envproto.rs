@@ -10,11 +10,15 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use futures_util::{SinkExt, StreamExt};
 use portcullis_crypto::StaticKeypair;
 use portcullis_wire::keyfile;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
 
 const POLICY: &str = r#"
 [[principal]]
@@ -123,6 +127,11 @@ struct Rpc {
     child: Option<Child>,
     stdin: Option<Box<dyn AsyncWrite + Unpin + Send>>,
     stdout: BufReader<Box<dyn AsyncRead + Unpin + Send>>,
+    /// Inside the Noise channel instead: a WebSocket whose records carry
+    /// the messages (`stdin`/`stdout` unused).
+    noise: Option<(WebSocketStream<TcpStream>, portcullis_crypto::Transport)>,
+    /// Or the spec's own WebSocket profile: one text message a message.
+    text: Option<WebSocketStream<TcpStream>>,
     /// Notifications (and requests) received while waiting for answers.
     notes: Vec<Value>,
     next: u64,
@@ -137,10 +146,53 @@ impl Rpc {
         Rpc {
             stdin: Some(write),
             stdout: BufReader::new(read),
+            noise: None,
+            text: None,
             child,
             notes: Vec::new(),
             next: 0,
         }
+    }
+
+    /// `/api/v1/environment/connect` with the Noise handshake of the relay
+    /// channel (docs/PROTOCOL.md §1–3), the gateway's key pinned.
+    async fn noise(gateway: &common::Gateway, identity: &StaticKeypair) -> Self {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let tcp = TcpStream::connect(gateway.addr).await.unwrap();
+        let request = format!("{}/api/v1/environment/connect", gateway.url)
+            .into_client_request()
+            .unwrap();
+        let (ws, _) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
+        Rpc::noise_over(ws, gateway.key, identity).await
+    }
+
+    /// The runtime's side of the handshake on a WebSocket either side
+    /// opened: the initiator, the gateway's key pinned.
+    async fn noise_over(
+        mut ws: WebSocketStream<TcpStream>,
+        key: portcullis_crypto::PublicKey,
+        identity: &StaticKeypair,
+    ) -> Self {
+        use portcullis_crypto::{Handshake, PROLOGUE};
+        let mut hs = Handshake::initiator(identity, PROLOGUE).pin_remote_static(key);
+        ws.send(Message::Binary(hs.write_message(&[]).unwrap().into()))
+            .await
+            .unwrap();
+        let Some(Ok(Message::Binary(m2))) = ws.next().await else {
+            panic!("no message 2")
+        };
+        hs.read_message(&m2).unwrap();
+        ws.send(Message::Binary(hs.write_message(b"{}").unwrap().into()))
+            .await
+            .unwrap();
+        let transport = hs.into_transport().unwrap();
+        let mut rpc = Rpc::over(
+            Box::new(tokio::io::empty()),
+            Box::new(tokio::io::sink()),
+            None,
+        );
+        rpc.noise = Some((ws, transport));
+        rpc
     }
 
     async fn unix(path: &std::path::Path) -> Self {
@@ -157,6 +209,19 @@ impl Rpc {
 
     async fn send_raw(&mut self, body: &[u8]) {
         eprintln!("-> {}", String::from_utf8_lossy(body));
+        if let Some(ws) = self.text.as_mut() {
+            let text = String::from_utf8(body.to_vec()).unwrap();
+            ws.send(Message::Text(text.into())).await.unwrap();
+            return;
+        }
+        if let Some((ws, transport)) = self.noise.as_mut() {
+            // One frame record per message (these are all small).
+            let mut record = vec![0x01];
+            record.extend_from_slice(body);
+            let sealed = transport.seal(&record).unwrap();
+            ws.send(Message::Binary(sealed.into())).await.unwrap();
+            return;
+        }
         let stdin = self.stdin.as_mut().unwrap();
         let header = format!("Content-Length: {}\r\n\r\n", body.len());
         stdin.write_all(header.as_bytes()).await.unwrap();
@@ -176,6 +241,35 @@ impl Rpc {
     }
 
     async fn read(&mut self) -> Option<Value> {
+        if let Some(ws) = self.text.as_mut() {
+            return match ws.next().await {
+                Some(Ok(Message::Text(text))) => Some(serde_json::from_str(&text).expect("JSON")),
+                _ => None,
+            };
+        }
+        if let Some((ws, transport)) = self.noise.as_mut() {
+            let mut whole = Vec::new();
+            loop {
+                let Some(Ok(Message::Binary(sealed))) = ws.next().await else {
+                    return None;
+                };
+                let record = transport
+                    .open(&sealed)
+                    .expect("a record the channel authenticates");
+                match record[0] {
+                    0x01 => {
+                        return Some(serde_json::from_slice(&record[1..]).expect("a JSON message"));
+                    }
+                    0x03 => {
+                        whole.extend_from_slice(&record[2..]);
+                        if record[1] == 1 {
+                            return Some(serde_json::from_slice(&whole).expect("a JSON message"));
+                        }
+                    }
+                    kind => panic!("a record of kind {kind} in ya-environment-protocol.v1"),
+                }
+            }
+        }
         let mut length = None;
         loop {
             let mut line = String::new();
@@ -315,19 +409,217 @@ async fn the_same_client_over_the_environment_socket_of_a_running_daemon() {
         "the socket is closed after the refusal"
     );
 
+    // A security event is written beside the refusal, not before it:
+    // wait for it.
+    let refusal_logged = |entries: &[Value]| {
+        entries.iter().any(|e| {
+            e["event"] == "auth_refused"
+                && e["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("no principal has unix_uid"))
+        })
+    };
+    let mut entries = Vec::new();
+    for _ in 0..50 {
+        entries = gateway
+            .audit_entries()
+            .iter()
+            .map(|e| serde_json::to_value(e).unwrap())
+            .collect();
+        if refusal_logged(&entries) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refusal_logged(&entries), "no auth_refused entry");
+    all_audited(&entries, "unix v1-jsonrpc (uid ");
+    gateway.restart();
+}
+
+#[tokio::test]
+async fn the_same_client_inside_the_noise_channel_dialing_in() {
+    let client = StaticKeypair::generate().unwrap();
+    let policy = POLICY.replace("KEY", &common::key_b64(&client));
+    let gateway = common::Gateway::start(&policy, "");
+    let mut rpc = Rpc::noise(&gateway, &client).await;
+    exercise(&mut rpc).await;
+    drop(rpc);
+    // A client whose key no principal has is refused after the handshake.
+    let stranger = StaticKeypair::generate().unwrap();
+    let mut refused = Rpc::noise(&gateway, &stranger).await;
+    let goodbye = refused.recv().await;
+    assert_eq!(goodbye["params"]["event"], "provider.revoked", "{goodbye}");
+    assert_eq!(
+        goodbye["params"]["payload"]["reason"],
+        "authentication failed"
+    );
+    assert!(
+        refused.read().await.is_none(),
+        "an unknown key gets no session"
+    );
     let entries: Vec<Value> = gateway
         .audit_entries()
         .iter()
         .map(|e| serde_json::to_value(e).unwrap())
         .collect();
-    all_audited(&entries, "unix v1-jsonrpc (uid ");
-    assert!(entries.iter().any(|e| {
-        e["event"] == "auth_refused"
-            && e["detail"]
-                .as_str()
-                .is_some_and(|d| d.contains("no principal has unix_uid"))
+    all_audited(&entries, "127.0.0.1:");
+    assert!(entries.iter().filter(|e| e["kind"] == "request").all(|e| {
+        e["peer"]
+            .as_str()
+            .is_some_and(|p| p.ends_with(" v1-jsonrpc"))
     }));
-    gateway.restart();
+}
+
+#[tokio::test]
+async fn the_same_client_dialed_out_to_in_the_noise_channel_and_as_text_messages() {
+    for plain in [false, true] {
+        let client = StaticKeypair::generate().unwrap();
+        let runtime = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = runtime.local_addr().unwrap().port();
+        let token_dir = tempfile::tempdir().unwrap();
+        let token_file = token_dir.path().join("relay.token");
+        std::fs::write(&token_file, "dial-token").unwrap();
+        let profile = match plain {
+            true => "profile = \"plain\"\nprincipal = \"runtime\"\n",
+            false => "",
+        };
+        let relay = format!(
+            "[[relay]]\nurl = \"ws://127.0.0.1:{port}/api/v1/environment/connect\"\n\
+             token_file = \"{}\"\nprotocol = \"ya-environment-protocol.v1\"\n{profile}",
+            token_file.display()
+        );
+        let policy = POLICY.replace("KEY", &common::key_b64(&client));
+        let gateway = common::Gateway::start(&policy, &relay);
+        // The runtime's endpoint: the bearer token, then the protocol.
+        let (tcp, _) = tokio::time::timeout(Duration::from_secs(20), runtime.accept())
+            .await
+            .expect("the gateway did not dial")
+            .unwrap();
+        #[allow(clippy::result_large_err)]
+        let check =
+            |request: &tokio_tungstenite::tungstenite::handshake::server::Request,
+             response: tokio_tungstenite::tungstenite::handshake::server::Response| {
+                let bearer = request
+                    .headers()
+                    .get("authorization")
+                    .map(|v| v.as_bytes().to_vec());
+                assert_eq!(bearer.as_deref(), Some(&b"Bearer dial-token"[..]));
+                assert_eq!(request.uri().path(), "/api/v1/environment/connect");
+                Ok(response)
+            };
+        let ws = tokio_tungstenite::accept_hdr_async(tcp, check)
+            .await
+            .unwrap();
+        let mut rpc = match plain {
+            false => Rpc::noise_over(ws, gateway.key, &client).await,
+            true => {
+                let mut rpc = Rpc::over(
+                    Box::new(tokio::io::empty()),
+                    Box::new(tokio::io::sink()),
+                    None,
+                );
+                rpc.text = Some(ws);
+                rpc
+            }
+        };
+        exercise(&mut rpc).await;
+        drop(rpc);
+        let entries: Vec<Value> = gateway
+            .audit_entries()
+            .iter()
+            .map(|e| serde_json::to_value(e).unwrap())
+            .collect();
+        let peer = match plain {
+            true => format!("plain ws://127.0.0.1:{port}/api/v1/environment/connect v1-jsonrpc"),
+            false => format!("ws://127.0.0.1:{port}/api/v1/environment/connect v1-jsonrpc"),
+        };
+        all_audited(&entries, &peer);
+    }
+}
+
+#[tokio::test]
+async fn portcullis_websocket_connect_dials_one_endpoint_and_serves_it() {
+    let provider = Provider::new("websocket");
+    let runtime = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = runtime.local_addr().unwrap().port();
+    std::fs::write(provider.dir.join("relay.token"), "verb-token").unwrap();
+    let policy = std::fs::read_to_string(provider.dir.join("policy.toml")).unwrap();
+    let client = StaticKeypair::generate().unwrap();
+    let key_line = policy
+        .lines()
+        .find(|l| l.starts_with("public_key"))
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        provider.dir.join("policy.toml"),
+        policy.replace(
+            &key_line,
+            &format!("public_key = \"{}\"", common::key_b64(&client)),
+        ),
+    )
+    .unwrap();
+    let gateway_key = keyfile::load(&provider.dir.join("gateway.key")).unwrap();
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["websocket", "--config"])
+        .arg(provider.config())
+        .args([
+            "--connect",
+            &format!("ws://127.0.0.1:{port}/api/v1/environment/connect"),
+        ])
+        .arg("--token-file")
+        .arg(provider.dir.join("relay.token"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(provider.dir.join("stderr.log")).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (tcp, _) = tokio::time::timeout(Duration::from_secs(20), runtime.accept())
+        .await
+        .unwrap_or_else(|_| panic!("no dial:\n{}", provider.log()))
+        .unwrap();
+    #[allow(clippy::result_large_err)]
+    let check =
+        |request: &tokio_tungstenite::tungstenite::handshake::server::Request,
+         response: tokio_tungstenite::tungstenite::handshake::server::Response| {
+            let bearer = request
+                .headers()
+                .get("authorization")
+                .map(|v| v.as_bytes().to_vec());
+            assert_eq!(bearer.as_deref(), Some(&b"Bearer verb-token"[..]));
+            Ok(response)
+        };
+    let ws = tokio_tungstenite::accept_hdr_async(tcp, check)
+        .await
+        .unwrap();
+    let mut rpc = Rpc::noise_over(ws, *gateway_key.public(), &client).await;
+    rpc.initialize().await;
+    let exec = rpc
+        .ok("shell.exec", json!({"command": "echo dialed"}))
+        .await;
+    assert_eq!(exec["stdout"], "dialed\n");
+    drop(rpc);
+    daemon.start_kill().unwrap();
+    daemon.wait().await.unwrap();
+    let entries = provider.audit();
+    assert!(entries.iter().any(|e| {
+        e["method"] == "shell.exec"
+            && e["peer"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("/api/v1/environment/connect v1-jsonrpc"))
+    }));
+    // The command line is checked as a config's [[relay]] is.
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["websocket", "--config"])
+        .arg(provider.config())
+        .args(["--connect", "ws://runtime.example/x", "--token-file", "t"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("loopback"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
 }
 
 /// This process's user (the owner of a file it makes).

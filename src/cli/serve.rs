@@ -19,16 +19,33 @@ use tracing::{error, info, warn};
 use crate::cli::fail;
 
 pub fn serve(config: &Path) -> ExitCode {
-    serve_with(config, None)
+    serve_with(config, Only::Config)
 }
 
 /// `portcullis socket`: the daemon with one transport, the environment
 /// socket at `path` (the config's `listen` and `[[relay]]` are not served).
 pub fn socket(config: &Path, path: &Path) -> ExitCode {
-    serve_with(config, Some(path))
+    serve_with(config, Only::Socket(path))
 }
 
-fn serve_with(config: &Path, only_socket: Option<&Path>) -> ExitCode {
+/// `portcullis websocket --connect URL`: the daemon with one transport, a
+/// runtime's endpoint it dials (the 0.92 spec's `websocket --connect`):
+/// `relay` is that `[[relay]]` table's other keys, as TOML.
+pub fn websocket(config: &Path, relay: &str) -> ExitCode {
+    serve_with(config, Only::Relay(relay))
+}
+
+/// Which of the config's transports are served.
+enum Only<'a> {
+    /// All of them.
+    Config,
+    /// The environment socket at this path.
+    Socket(&'a Path),
+    /// This `[[relay]]` (its keys as TOML).
+    Relay(&'a str),
+}
+
+fn serve_with(config: &Path, only: Only<'_>) -> ExitCode {
     init_logging();
     // Before any thread starts: this reads and clears LISTEN_FDS.
     let inherited = match systemd::inherited_listeners() {
@@ -39,10 +56,26 @@ fn serve_with(config: &Path, only_socket: Option<&Path>) -> ExitCode {
         Ok(config) => config,
         Err(e) => return fail(e),
     };
-    if let Some(path) = only_socket {
-        config.environment_socket = Some(path.to_path_buf());
-        config.listen.clear();
-        config.relays.clear();
+    match only {
+        Only::Config => {}
+        Only::Socket(path) => {
+            config.environment_socket = Some(path.to_path_buf());
+            config.listen.clear();
+            config.relays.clear();
+        }
+        Only::Relay(keys) => {
+            // Checked as the config's own [[relay]] tables are.
+            let text = format!(
+                "key_file = \"k\"\npolicy = \"p\"\nstate_dir = \"s\"\nadmin_socket = \"a\"\n\
+                 [[relay]]\n{keys}"
+            );
+            match Config::parse(&text, Path::new("the command line")) {
+                Ok(parsed) => config.relays = parsed.relays,
+                Err(e) => return fail(e),
+            }
+            config.listen.clear();
+            config.environment_socket = None;
+        }
     }
     if inherited.is_empty()
         && let Some(why) = config.nothing_to_serve()

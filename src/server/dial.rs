@@ -294,15 +294,20 @@ where
     let peer = Peer::Relay {
         url: relay.url.clone(),
         plain: relay.plain_principal.is_some(),
+        jsonrpc: relay.environment,
     };
-    match relay.plain_principal.clone() {
-        Some(principal) => Box::pin(session::plain_over_websocket(
-            gateway.clone(),
-            ws,
-            peer,
-            principal,
-        )),
-        None => Box::pin(session::over_websocket(gateway.clone(), ws, peer)),
+    let gateway = gateway.clone();
+    match (relay.plain_principal.clone(), relay.environment) {
+        (Some(principal), false) => {
+            Box::pin(session::plain_over_websocket(gateway, ws, peer, principal))
+        }
+        (None, false) => Box::pin(session::over_websocket(gateway, ws, peer)),
+        (None, true) => Box::pin(session::envproto_over_websocket(gateway, ws, peer)),
+        (Some(principal), true) => Box::pin(async move {
+            let (source, sink) = portcullis_wire::envproto::split_text(ws);
+            session::envproto(gateway, source, sink, peer, principal).await;
+            true
+        }),
     }
 }
 

@@ -40,7 +40,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tracing::{debug, info};
 
-use portcullis_wire::channel::{RELAY_PATH, ws_config};
+use portcullis_wire::channel::{ENVIRONMENT_PATH, RELAY_PATH, ws_config};
 pub use state::Gateway;
 
 /// Accepts connections on `listener` until shutdown.
@@ -115,7 +115,10 @@ fn route(
 ) -> Response<Full<Bytes>> {
     match (request.method(), request.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
-        (&Method::GET, RELAY_PATH) => upgrade(gateway, request, peer, permit),
+        (&Method::GET, RELAY_PATH) => upgrade(gateway, request, peer, permit, Profile::Relay),
+        (&Method::GET, ENVIRONMENT_PATH) => {
+            upgrade(gateway, request, peer, permit, Profile::Environment)
+        }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
@@ -126,12 +129,22 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     response
 }
 
+/// What a WebSocket speaks inside its Noise channel, by its URL path.
+#[derive(Clone, Copy)]
+enum Profile {
+    /// relay.v1 frames.
+    Relay,
+    /// ya-environment-protocol.v1's JSON-RPC messages.
+    Environment,
+}
+
 /// RFC 6455 §4.2: answer 101 and hand the upgraded stream to a session.
 fn upgrade(
     gateway: Arc<Gateway>,
     request: Request<Incoming>,
     peer: SocketAddr,
     permit: Arc<OwnedSemaphorePermit>,
+    profile: Profile,
 ) -> Response<Full<Bytes>> {
     let headers = request.headers();
     let has = |name, token: &str| {
@@ -167,7 +180,16 @@ fn upgrade(
                     Some(ws_config()),
                 )
                 .await;
-                session::over_websocket(gateway, ws, peer::Peer::Tcp { addr: peer }).await;
+                match profile {
+                    Profile::Relay => {
+                        let peer = peer::Peer::Tcp { addr: peer };
+                        session::over_websocket(gateway, ws, peer).await;
+                    }
+                    Profile::Environment => {
+                        let peer = peer::Peer::TcpJsonRpc { addr: peer };
+                        session::envproto_over_websocket(gateway, ws, peer).await;
+                    }
+                }
             }
             Err(e) => debug!(%peer, "upgrade failed: {e}"),
         }

@@ -9,9 +9,17 @@ use std::net::SocketAddr;
 pub enum Peer {
     /// A client that dialed in over TCP (WebSocket, optionally TLS).
     Tcp { addr: SocketAddr },
+    /// The same, speaking ya-environment-protocol.v1 inside the Noise
+    /// channel (`/api/v1/environment/connect`).
+    TcpJsonRpc { addr: SocketAddr },
     /// A runtime's relay endpoint the gateway dialed (`[[relay]]`), in
     /// the Noise or the plain profile.
-    Relay { url: String, plain: bool },
+    Relay {
+        url: String,
+        plain: bool,
+        /// ya-environment-protocol.v1 instead of relay.v1.
+        jsonrpc: bool,
+    },
     /// `portcullis stdio`: the process that started this one, speaking
     /// ya-environment-protocol.v1 on its standard input and output.
     Stdio { parent: u32 },
@@ -25,9 +33,19 @@ impl fmt::Display for Peer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Tcp { addr } => write!(f, "{addr}"),
-            // Every entry of a plain session says so, in its peer.
-            Self::Relay { url, plain: true } => write!(f, "plain {url}"),
-            Self::Relay { url, plain: false } => write!(f, "{url}"),
+            Self::TcpJsonRpc { addr } => write!(f, "{addr} v1-jsonrpc"),
+            // Every entry of a plain session says so, in its peer, and
+            // which protocol it speaks when not relay.v1.
+            Self::Relay {
+                url,
+                plain,
+                jsonrpc,
+            } => write!(
+                f,
+                "{}{url}{}",
+                if *plain { "plain " } else { "" },
+                if *jsonrpc { " v1-jsonrpc" } else { "" }
+            ),
             // The profile is named too: these speak JSON-RPC, not relay.v1.
             Self::Stdio { parent } => write!(f, "stdio v1-jsonrpc (parent pid {parent})"),
             Self::Unix {

@@ -21,6 +21,10 @@ use zeroize::Zeroizing;
 /// The URL path of the relay endpoint.
 pub const RELAY_PATH: &str = "/api/v1/relay/connect";
 
+/// The URL path of ya-environment-protocol.v1 inside the same Noise
+/// channel (JSON-RPC messages in the records instead of relay frames).
+pub const ENVIRONMENT_PATH: &str = "/api/v1/environment/connect";
+
 /// WebSocket limits (the gateway's; the client's are
 /// [`client_ws_config`]): one Noise message (≤ 65535 bytes) per
 /// WebSocket message, so nothing larger is ever reassembled; a small read

@@ -99,13 +99,56 @@ pub async fn envproto<S, K>(
     S: portcullis_wire::envproto::MessageSource,
     K: portcullis_wire::envproto::MessageSink + 'static,
 {
+    let identity = Identity::Configured { principal };
+    envproto_session(gateway, source, sink, peer, identity, Instant::now()).await;
+}
+
+/// ya-environment-protocol.v1 inside the Noise channel: the handshake
+/// and authentication of [`over_websocket`], then JSON-RPC messages in
+/// its records. Says whether the handshake succeeded.
+pub async fn envproto_over_websocket<S>(
+    gateway: Arc<Gateway>,
+    ws: WebSocketStream<S>,
+    peer: Peer,
+) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    use portcullis_wire::envproto::{RecordMessageSink, RecordMessages};
     let started = Instant::now();
+    let Some(opened) = handshake(&gateway, ws, &peer).await else {
+        return false;
+    };
+    let Opened {
+        reader,
+        writer,
+        identity,
+    } = *opened;
+    let limit = gateway.config.limits.max_frame;
+    let parts = portcullis_wire::record::Assembler::sharing(limit, gateway.parts.clone());
+    let source = RecordMessages::new(reader, parts);
+    let sink = RecordMessageSink::new(writer);
+    envproto_session(gateway, source, sink, peer, identity, started).await;
+    true
+}
+
+async fn envproto_session<S, K>(
+    gateway: Arc<Gateway>,
+    source: S,
+    sink: K,
+    peer: Peer,
+    identity: Identity,
+    started: Instant,
+) where
+    S: portcullis_wire::envproto::MessageSource,
+    K: portcullis_wire::envproto::MessageSink + 'static,
+{
     let (writer, reader) =
         portcullis_wire::envproto::split(source, sink, gateway.config.limits.max_frame);
     let opened = Box::new(Opened {
         reader,
         writer,
-        identity: Identity::Configured { principal },
+        identity,
     });
     run(gateway, opened, peer, started).await;
 }

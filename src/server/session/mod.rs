@@ -20,7 +20,9 @@ mod to_runtime;
 mod writer;
 
 use handshake::authenticate;
-pub use handshake::{Identity, Opened, envproto, over_websocket, plain_over_websocket};
+pub use handshake::{
+    Identity, Opened, envproto, envproto_over_websocket, over_websocket, plain_over_websocket,
+};
 pub use hello::capabilities_json;
 use hello::{granted_names, tools_by_name};
 

@@ -165,7 +165,7 @@ impl<W: AsyncWrite + Unpin + Send> MessageSink for LspWriter<W> {
         self.io.flush().await.map_err(io)
     }
 
-    async fn close(&mut self) {
+    async fn close(&mut self, _policy: bool, _reason: &str) {
         let _ = self.io.flush().await;
         let _ = self.io.shutdown().await;
     }

@@ -40,7 +40,9 @@ pub trait MessageSink: Send {
         flush: bool,
     ) -> impl Future<Output = Result<(), ChannelError>> + Send;
     fn flush(&mut self) -> impl Future<Output = Result<(), ChannelError>> + Send;
-    fn close(&mut self) -> impl Future<Output = ()> + Send;
+    /// Ends the stream; `policy` and `reason` as [`RecordSink::close`]
+    /// takes them, for a transport that can say them.
+    fn close(&mut self, policy: bool, reason: &str) -> impl Future<Output = ()> + Send;
 }
 
 /// The two halves of a channel in this profile, sharing one
@@ -188,7 +190,175 @@ async fn goodbye<K: MessageSink>(sink: &mut K, policy: bool, reason: &str) {
     let bytes = serde_json::to_vec(&event).unwrap_or_default();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
         let _ = sink.write(&bytes, true).await;
-        sink.close().await;
+        sink.close(policy, reason).await;
     })
     .await;
+}
+
+/// This profile inside the Noise channel (`/api/v1/environment/connect`):
+/// each JSON-RPC message travels as the body of a frame record, or in
+/// parts (record kind 0x03) when it is larger than one record — the
+/// records of relay.v1, carrying JSON-RPC instead of relay frames.
+pub struct RecordMessages<R> {
+    records: R,
+    parts: crate::record::Assembler,
+}
+
+impl<R: RecordSource> RecordMessages<R> {
+    /// `parts` joins messages sent in parts (bounded as the session's are).
+    pub fn new(records: R, parts: crate::record::Assembler) -> Self {
+        Self { records, parts }
+    }
+}
+
+impl<R: RecordSource> MessageSource for RecordMessages<R> {
+    async fn next(&mut self) -> Result<Vec<u8>, ChannelError> {
+        loop {
+            let mut record = self.records.recv().await?;
+            match record.first().copied() {
+                Some(KIND_FRAME) => {
+                    record.remove(0);
+                    return Ok(record);
+                }
+                Some(KIND_PART) => match crate::record::decode(&record) {
+                    Ok(crate::record::Record::Part(part)) => match self.parts.push(part) {
+                        None => {}
+                        Some(Ok(message)) => return Ok(message),
+                        Some(Err(e)) => return Err(ChannelError::Profile(e.to_string())),
+                    },
+                    Ok(_) => {}
+                    Err(e) => return Err(ChannelError::Profile(e.to_string())),
+                },
+                _ => {
+                    return Err(ChannelError::Profile(
+                        "a record that is not a message: ya-environment-protocol.v1 has no \
+                         binary chunks"
+                            .into(),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Writes messages as frame records (in parts when large).
+pub struct RecordMessageSink<W> {
+    records: W,
+}
+
+impl<W: RecordSink> RecordMessageSink<W> {
+    pub fn new(records: W) -> Self {
+        Self { records }
+    }
+}
+
+impl<W: RecordSink> MessageSink for RecordMessageSink<W> {
+    async fn write(&mut self, message: &[u8], flush: bool) -> Result<(), ChannelError> {
+        let room = crate::record::MAX_RECORD_LEN - 2;
+        if message.len() < crate::record::MAX_RECORD_LEN {
+            let mut record = Vec::with_capacity(message.len() + 1);
+            record.push(KIND_FRAME);
+            record.extend_from_slice(message);
+            return self.records.send(record, flush).await;
+        }
+        let count = message.len().div_ceil(room);
+        for (i, piece) in message.chunks(room).enumerate() {
+            let last = i + 1 == count;
+            let mut record = Vec::with_capacity(piece.len() + 2);
+            record.push(KIND_PART);
+            record.push(u8::from(last));
+            record.extend_from_slice(piece);
+            self.records.send(record, flush && last).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), ChannelError> {
+        self.records.flush().await
+    }
+
+    async fn close(&mut self, policy: bool, reason: &str) {
+        self.records.close(policy, reason).await;
+    }
+}
+
+/// This profile as the spec's WebSocket transport has it: "each WebSocket
+/// text frame carries one JSON-RPC message", no Noise channel inside (for
+/// a dialed endpoint whose TLS certificate the gateway checked, like the
+/// relay plain profile).
+pub fn split_text<S>(
+    ws: tokio_tungstenite::WebSocketStream<S>,
+) -> (TextMessages<S>, TextMessageSink<S>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send,
+{
+    use futures_util::StreamExt;
+    let (sink, stream) = ws.split();
+    (TextMessages { stream }, TextMessageSink { sink })
+}
+
+pub struct TextMessages<S> {
+    stream: futures_util::stream::SplitStream<tokio_tungstenite::WebSocketStream<S>>,
+}
+
+impl<S> MessageSource for TextMessages<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send,
+{
+    async fn next(&mut self) -> Result<Vec<u8>, ChannelError> {
+        use futures_util::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        loop {
+            match self.stream.next().await {
+                None => return Err(ChannelError::Closed { reason: None }),
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(Message::Text(text))) => return Ok(text.as_bytes().to_vec()),
+                Some(Ok(Message::Binary(_))) => {
+                    return Err(ChannelError::Profile(
+                        "a binary WebSocket message: each message is JSON-RPC text".into(),
+                    ));
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    return Err(ChannelError::Closed {
+                        reason: frame.map(|f| f.reason.to_string()),
+                    });
+                }
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+}
+
+pub struct TextMessageSink<S> {
+    sink: futures_util::stream::SplitSink<
+        tokio_tungstenite::WebSocketStream<S>,
+        tokio_tungstenite::tungstenite::Message,
+    >,
+}
+
+impl<S> MessageSink for TextMessageSink<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send,
+{
+    async fn write(&mut self, message: &[u8], flush: bool) -> Result<(), ChannelError> {
+        use futures_util::SinkExt;
+        let text = String::from_utf8(message.to_vec())
+            .map_err(|_| ChannelError::Profile("a message that is not UTF-8".into()))?;
+        let message = tokio_tungstenite::tungstenite::Message::Text(text.into());
+        match flush {
+            true => self.sink.send(message).await?,
+            false => self.sink.feed(message).await?,
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), ChannelError> {
+        use futures_util::SinkExt;
+        self.sink.flush().await.map_err(Into::into)
+    }
+
+    async fn close(&mut self, policy: bool, reason: &str) {
+        use futures_util::SinkExt;
+        let _ = self.sink.send(crate::channel::close(policy, reason)).await;
+    }
 }

@@ -867,7 +867,7 @@ impl super::MessageSink for Recorded {
         self.0.lock().unwrap().1 += 1;
         Ok(())
     }
-    async fn close(&mut self) {}
+    async fn close(&mut self, _policy: bool, _reason: &str) {}
 }
 
 struct NoInput;
