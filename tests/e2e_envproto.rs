@@ -491,25 +491,7 @@ async fn the_same_client_dialed_out_to_in_the_noise_channel_and_as_text_messages
         let policy = POLICY.replace("KEY", &common::key_b64(&client));
         let gateway = common::Gateway::start(&policy, &relay);
         // The runtime's endpoint: the bearer token, then the protocol.
-        let (tcp, _) = tokio::time::timeout(Duration::from_secs(20), runtime.accept())
-            .await
-            .expect("the gateway did not dial")
-            .unwrap();
-        #[allow(clippy::result_large_err)]
-        let check =
-            |request: &tokio_tungstenite::tungstenite::handshake::server::Request,
-             response: tokio_tungstenite::tungstenite::handshake::server::Response| {
-                let bearer = request
-                    .headers()
-                    .get("authorization")
-                    .map(|v| v.as_bytes().to_vec());
-                assert_eq!(bearer.as_deref(), Some(&b"Bearer dial-token"[..]));
-                assert_eq!(request.uri().path(), "/api/v1/environment/connect");
-                Ok(response)
-            };
-        let ws = tokio_tungstenite::accept_hdr_async(tcp, check)
-            .await
-            .unwrap();
+        let ws = accept_dial(&runtime, "dial-token", &gateway.log()).await;
         let mut rpc = match plain {
             false => Rpc::noise_over(ws, gateway.key, &client).await,
             true => {
@@ -573,24 +555,7 @@ async fn portcullis_websocket_connect_dials_one_endpoint_and_serves_it() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let (tcp, _) = tokio::time::timeout(Duration::from_secs(20), runtime.accept())
-        .await
-        .unwrap_or_else(|_| panic!("no dial:\n{}", provider.log()))
-        .unwrap();
-    #[allow(clippy::result_large_err)]
-    let check =
-        |request: &tokio_tungstenite::tungstenite::handshake::server::Request,
-         response: tokio_tungstenite::tungstenite::handshake::server::Response| {
-            let bearer = request
-                .headers()
-                .get("authorization")
-                .map(|v| v.as_bytes().to_vec());
-            assert_eq!(bearer.as_deref(), Some(&b"Bearer verb-token"[..]));
-            Ok(response)
-        };
-    let ws = tokio_tungstenite::accept_hdr_async(tcp, check)
-        .await
-        .unwrap();
+    let ws = accept_dial(&runtime, "verb-token", &provider.log()).await;
     let mut rpc = Rpc::noise_over(ws, *gateway_key.public(), &client).await;
     rpc.initialize().await;
     let exec = rpc
@@ -620,6 +585,35 @@ async fn portcullis_websocket_connect_dials_one_endpoint_and_serves_it() {
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
+}
+
+/// A runtime's endpoint taking the gateway's dial: the WebSocket upgrade
+/// to `/api/v1/environment/connect` with `Bearer TOKEN`.
+async fn accept_dial(
+    runtime: &tokio::net::TcpListener,
+    token: &str,
+    log: &str,
+) -> WebSocketStream<TcpStream> {
+    let (tcp, _) = tokio::time::timeout(Duration::from_secs(20), runtime.accept())
+        .await
+        .unwrap_or_else(|_| panic!("the gateway did not dial:\n{log}"))
+        .unwrap();
+    let expected = format!("Bearer {token}");
+    #[allow(clippy::result_large_err)]
+    let check =
+        |request: &tokio_tungstenite::tungstenite::handshake::server::Request,
+         response: tokio_tungstenite::tungstenite::handshake::server::Response| {
+            let bearer = request
+                .headers()
+                .get("authorization")
+                .map(|v| v.as_bytes().to_vec());
+            assert_eq!(bearer.as_deref(), Some(expected.as_bytes()));
+            assert_eq!(request.uri().path(), "/api/v1/environment/connect");
+            Ok(response)
+        };
+    tokio_tungstenite::accept_hdr_async(tcp, check)
+        .await
+        .unwrap()
 }
 
 /// This process's user (the owner of a file it makes).

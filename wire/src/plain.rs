@@ -16,7 +16,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use crate::channel::{ChannelError, RecordSink, RecordSource};
-use crate::record::{KIND_CHUNK, KIND_FRAME, KIND_PART};
+use crate::record::{FrameJoiner, JoinError, KIND_FRAME};
 
 /// WebSocket limits for the plain profile: a message is a whole frame, up
 /// to `max_frame` bytes.
@@ -36,8 +36,7 @@ where
     (
         PlainWriter {
             sink,
-            parts: Vec::new(),
-            max_frame,
+            parts: FrameJoiner::new(max_frame),
         },
         PlainReader { stream },
     )
@@ -80,9 +79,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> RecordSource for PlainReader<S> {
 /// Writes frame records as text messages.
 pub struct PlainWriter<S> {
     sink: SplitSink<WebSocketStream<S>, Message>,
-    /// A frame being joined from its parts.
-    parts: Vec<u8>,
-    max_frame: usize,
+    /// Frames being joined from their parts.
+    parts: FrameJoiner,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> PlainWriter<S> {
@@ -100,29 +98,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> PlainWriter<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> RecordSink for PlainWriter<S> {
     async fn send(&mut self, record: Vec<u8>, flush: bool) -> Result<(), ChannelError> {
-        match record.first().copied() {
-            Some(KIND_FRAME) => {
-                let mut json = record;
-                json.remove(0);
-                self.text(json, flush).await
-            }
-            Some(KIND_PART) if record.len() >= 2 => {
-                if self.parts.len() + record.len() - 2 > self.max_frame {
-                    return Err(ChannelError::Plain("a frame past max_frame".into()));
-                }
-                self.parts.extend_from_slice(&record[2..]);
-                if record[1] == 0 {
-                    return Ok(());
-                }
-                let json = std::mem::take(&mut self.parts);
-                self.text(json, flush).await
-            }
-            Some(KIND_CHUNK) => Err(ChannelError::Plain(
+        match self.parts.push(record) {
+            Ok(Some(json)) => self.text(json, flush).await,
+            Ok(None) => Ok(()),
+            Err(JoinError::TooLarge) => Err(ChannelError::Plain("a frame past max_frame".into())),
+            Err(JoinError::Chunk) => Err(ChannelError::Plain(
                 "binary output or file data in the plain profile, which has no chunks \
                  (ask for stream frames, not `stream: true` or `output: chunks`)"
                     .into(),
             )),
-            _ => Err(ChannelError::Plain("not a record".into())),
+            Err(JoinError::NotARecord) => Err(ChannelError::Plain("not a record".into())),
         }
     }
 

@@ -244,6 +244,59 @@ enum Dropping {
     BudgetSpent,
 }
 
+/// For a writer whose transport carries whole messages (the plain and
+/// JSON-RPC profiles): the frame records a session writes — a frame, or
+/// its parts in order — joined back into whole frames' JSON.
+#[derive(Debug, Default)]
+pub struct FrameJoiner {
+    parts: Vec<u8>,
+    limit: usize,
+}
+
+/// Why a record cannot become a whole message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinError {
+    /// A binary chunk: whole-message profiles have none.
+    Chunk,
+    /// Parts past the limit.
+    TooLarge,
+    /// Not a record at all.
+    NotARecord,
+}
+
+impl FrameJoiner {
+    /// Joins frames of at most `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            parts: Vec::new(),
+            limit,
+        }
+    }
+
+    /// A whole frame's JSON, `None` while its parts are still coming.
+    pub fn push(&mut self, mut record: Vec<u8>) -> Result<Option<Vec<u8>>, JoinError> {
+        match record.first().copied() {
+            Some(KIND_FRAME) => {
+                record.remove(0);
+                Ok(Some(record))
+            }
+            Some(KIND_PART) if record.len() >= 2 => {
+                if self.parts.len() + record.len() - 2 > self.limit {
+                    self.parts = Vec::new();
+                    return Err(JoinError::TooLarge);
+                }
+                self.parts.extend_from_slice(&record[2..]);
+                match record[1] {
+                    0 => Ok(None),
+                    _ => Ok(Some(std::mem::take(&mut self.parts))),
+                }
+            }
+            Some(KIND_CHUNK) => Err(JoinError::Chunk),
+            _ => Err(JoinError::NotARecord),
+        }
+    }
+}
+
 /// Joins the parts of a frame sent in parts, holding at most `limit`
 /// bytes (and, with a [`PartsBudget`], no more than it has left): past
 /// either the rest is dropped as it comes, and the last part reports
@@ -413,6 +466,35 @@ mod tests {
 
     fn id(s: &str) -> RequestId {
         RequestId::new(s).unwrap()
+    }
+
+    #[test]
+    fn a_joiner_gives_whole_frames_back_and_refuses_chunks_and_excess() {
+        let frame = Frame::Ping(Heartbeat {
+            id: Some("x".repeat(70_000)),
+            ts: None,
+        });
+        let records = encode_frame_records(&frame, 1 << 20).unwrap();
+        assert!(records.len() > 1, "in parts");
+        let mut joiner = FrameJoiner::new(1 << 20);
+        let mut whole = None;
+        for record in records.clone() {
+            assert!(whole.is_none(), "whole only after the last part");
+            whole = joiner.push(record).unwrap();
+        }
+        let mut json = Vec::new();
+        crate::frame::encode_frame_json(&frame, &mut json);
+        assert_eq!(whole.unwrap(), json);
+        let mut small = FrameJoiner::new(1000);
+        let results: Vec<_> = records.into_iter().map(|r| small.push(r)).collect();
+        assert!(results.contains(&Err(JoinError::TooLarge)));
+        let mut chunk = Vec::new();
+        encode_chunk(&id("c"), Channel::Stdout, b"data", &mut chunk).unwrap();
+        assert_eq!(small.push(chunk), Err(JoinError::Chunk));
+        assert_eq!(small.push(Vec::new()), Err(JoinError::NotARecord));
+        let mut one = Vec::new();
+        encode_frame(&Frame::Ping(Heartbeat::default()), &mut one).unwrap();
+        assert_eq!(small.push(one.clone()).unwrap().unwrap(), one[1..].to_vec());
     }
 
     #[test]

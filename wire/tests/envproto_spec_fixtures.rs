@@ -7,6 +7,8 @@
 //! example is named by file and line, and every one must be claimed by a
 //! check: a new example in the spec fails this test until it is.
 
+mod spec_text;
+
 use std::path::PathBuf;
 
 use portcullis_wire::envproto::Translator;
@@ -23,35 +25,12 @@ fn specs_dir() -> PathBuf {
     }
 }
 
-/// The ```json blocks of one spec file, with their line numbers.
+/// The ```json blocks of one spec file, each named by file and line.
 fn json_blocks(file: &str) -> Vec<(String, Value)> {
-    let path = specs_dir().join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "cannot read {}: {e}. The 0.92 spec lives in ../shared/specs beside the repository \
-             (or set PORTCULLIS_SPECS_092_DIR)",
-            path.display()
-        )
-    });
-    let mut blocks = Vec::new();
-    let mut current: Option<(usize, String)> = None;
-    for (n, line) in text.lines().enumerate() {
-        match (&mut current, line.trim()) {
-            (None, "```json") => current = Some((n + 1, String::new())),
-            (Some((start, body)), "```") => {
-                let value = serde_json::from_str(body)
-                    .unwrap_or_else(|e| panic!("{file}:{start}: not JSON: {e}"));
-                blocks.push((format!("{file}:{start}"), value));
-                current = None;
-            }
-            (Some((_, body)), _) => {
-                body.push_str(line);
-                body.push('\n');
-            }
-            (None, _) => {}
-        }
-    }
-    blocks
+    spec_text::json_blocks(&specs_dir(), file)
+        .into_iter()
+        .map(|(line, value)| (format!("{file}:{line}"), value))
+        .collect()
 }
 
 fn hello() -> Vec<u8> {

@@ -5,6 +5,8 @@
 //! (a request's `method` and `params`, a `context`) are decoded as part of
 //! one.
 
+mod spec_text;
+
 use std::path::PathBuf;
 
 use portcullis_wire::frame::{Frame, decode_frame};
@@ -19,33 +21,7 @@ fn specs_dir() -> PathBuf {
 
 /// The ```json blocks of one spec file, with their line numbers.
 fn json_blocks(file: &str) -> Vec<(usize, Value)> {
-    let path = specs_dir().join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "cannot read {}: {e}. The relay spec lives in ../shared/specs beside the \
-             repository (or set PORTCULLIS_SPECS_DIR)",
-            path.display()
-        )
-    });
-    let mut blocks = Vec::new();
-    let mut current: Option<(usize, String)> = None;
-    for (n, line) in text.lines().enumerate() {
-        match (&mut current, line.trim()) {
-            (None, "```json") => current = Some((n + 1, String::new())),
-            (Some((start, body)), "```") => {
-                let value = serde_json::from_str(body)
-                    .unwrap_or_else(|e| panic!("{file}:{start}: not JSON: {e}"));
-                blocks.push((*start, value));
-                current = None;
-            }
-            (Some((_, body)), _) => {
-                body.push_str(line);
-                body.push('\n');
-            }
-            (None, _) => {}
-        }
-    }
-    blocks
+    spec_text::json_blocks(&specs_dir(), file)
 }
 
 /// `value` as a frame: decoded, validated, and encoded back to itself

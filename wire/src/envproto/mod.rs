@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
 
 use crate::channel::{ChannelError, RecordSink, RecordSource};
-use crate::record::{KIND_CHUNK, KIND_FRAME, KIND_PART};
+use crate::record::{FrameJoiner, JoinError, KIND_FRAME, KIND_PART};
 pub use translate::{PROTOCOL, TARGET_ID, Translator};
 
 /// Where whole messages come from (LSP framing, a WebSocket's text
@@ -58,8 +58,7 @@ pub fn split<S: MessageSource, K: MessageSink>(
         ProfileWriter {
             sink,
             shared: shared.clone(),
-            parts: Vec::new(),
-            max_frame,
+            parts: FrameJoiner::new(max_frame),
             hello: hello_tx,
         },
         ProfileReader {
@@ -114,9 +113,8 @@ impl<S: MessageSource> RecordSource for ProfileReader<S> {
 pub struct ProfileWriter<K> {
     sink: K,
     shared: Arc<Mutex<Translator>>,
-    /// A frame being joined from its parts.
-    parts: Vec<u8>,
-    max_frame: usize,
+    /// Frames being joined from their parts.
+    parts: FrameJoiner,
     hello: watch::Sender<bool>,
 }
 
@@ -141,23 +139,14 @@ impl<K: MessageSink> ProfileWriter<K> {
 
 impl<K: MessageSink + 'static> RecordSink for ProfileWriter<K> {
     async fn send(&mut self, record: Vec<u8>, flush: bool) -> Result<(), ChannelError> {
-        match record.first().copied() {
-            Some(KIND_FRAME) => self.frame(&record[1..], flush).await,
-            Some(KIND_PART) if record.len() >= 2 => {
-                if self.parts.len() + record.len() - 2 > self.max_frame {
-                    return Err(ChannelError::Profile("a frame past max_frame".into()));
-                }
-                self.parts.extend_from_slice(&record[2..]);
-                if record[1] == 0 {
-                    return Ok(());
-                }
-                let json = std::mem::take(&mut self.parts);
-                self.frame(&json, flush).await
-            }
-            Some(KIND_CHUNK) => Err(ChannelError::Profile(
+        match self.parts.push(record) {
+            Ok(Some(json)) => self.frame(&json, flush).await,
+            Ok(None) => Ok(()),
+            Err(JoinError::TooLarge) => Err(ChannelError::Profile("a frame past max_frame".into())),
+            Err(JoinError::Chunk) => Err(ChannelError::Profile(
                 "binary data in ya-environment-protocol.v1, which has none".into(),
             )),
-            _ => Err(ChannelError::Profile("not a record".into())),
+            Err(JoinError::NotARecord) => Err(ChannelError::Profile("not a record".into())),
         }
     }
 
