@@ -205,10 +205,13 @@ fn reordered_entries_are_found() {
     let _ = (std::fs::remove_dir_all(dir), std::fs::remove_dir_all(dir2));
 }
 
-/// Opens the store in `dir` again, once the writer thread of the last
-/// handle (which holds the database until its queue closes) has let go.
+/// Opens the store in `dir` again, once the last handle this process
+/// dropped has let go: the store's writer thread holds the database until
+/// its queue closes, and a test's own sled handle until its flusher stops
+/// — a moment after the drop, long enough on a loaded machine for an open
+/// at once to find it `Locked` (up to 10 s here).
 fn reopen(dir: &std::path::Path) -> Store {
-    for _ in 0..200 {
+    for _ in 0..1000 {
         if let Ok(store) = Store::open(dir) {
             return store;
         }
@@ -273,7 +276,7 @@ fn acknowledged_entries_survive_a_crash() {
         .unwrap();
     std::io::Write::write_all(&mut file, &torn).unwrap();
 
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     let log = store.audit(None).unwrap();
     let recovery = log.recovery();
     assert!(sled_held < N, "sled lost entries in the crash");
