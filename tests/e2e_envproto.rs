@@ -587,6 +587,44 @@ async fn portcullis_websocket_connect_dials_one_endpoint_and_serves_it() {
     );
 }
 
+#[tokio::test]
+async fn the_environment_socket_refuses_a_peer_in_another_namespace() {
+    // As a sandboxed command would reach it: the same uid (the principal's
+    // unix_uid), but a user namespace that is not the daemon's.
+    let uid = my_uid();
+    let policy = POLICY.replace(
+        "KEY\"",
+        &format!(
+            "{}\"\nunix_uid = {uid}",
+            common::key_b64(&StaticKeypair::generate().unwrap())
+        ),
+    );
+    let gateway = common::Gateway::start(&policy, "environment_socket = \"env.sock\"");
+    let first_line = |prefix: &[&str]| {
+        let program = format!(
+            "import socket\n\
+             try:\n\
+             \x20   s = socket.socket(socket.AF_UNIX); s.connect({socket:?})\n\
+             \x20   print(s.recv(64).decode(errors='replace').split('\\r\\n')[0] or 'CLOSED')\n\
+             except OSError: print('CLOSED')",
+            socket = gateway.dir.join("env.sock").display().to_string()
+        );
+        let out = std::process::Command::new(prefix[0])
+            .args(&prefix[1..])
+            .args(["python3", "-c", &program])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert!(first_line(&["env"]).starts_with("Content-Length: "));
+    assert_eq!(
+        first_line(&["unshare", "--user", "--map-current-user"]),
+        "CLOSED"
+    );
+    let log = gateway.log();
+    assert!(log.contains("user namespace"), "{log}");
+}
+
 /// A runtime's endpoint taking the gateway's dial: the WebSocket upgrade
 /// to `/api/v1/environment/connect` with `Bearer TOKEN`.
 async fn accept_dial(

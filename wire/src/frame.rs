@@ -174,6 +174,23 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in declaration order.
+    pub const ALL: [ErrorCode; 13] = [
+        Self::InvalidRequest,
+        Self::UnknownMethod,
+        Self::CapabilityUnavailable,
+        Self::PermissionDenied,
+        Self::ApprovalRequired,
+        Self::PolicyBlocked,
+        Self::NotFound,
+        Self::Timeout,
+        Self::Cancelled,
+        Self::ProviderError,
+        Self::RelayDisconnected,
+        Self::ArtifactError,
+        Self::Unrecognized,
+    ];
+
     /// The code's wire name (`permission_denied`, …).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -506,22 +523,7 @@ mod tests {
 
     #[test]
     fn error_code_names_are_their_wire_names() {
-        use ErrorCode::*;
-        for code in [
-            InvalidRequest,
-            UnknownMethod,
-            CapabilityUnavailable,
-            PermissionDenied,
-            ApprovalRequired,
-            PolicyBlocked,
-            NotFound,
-            Timeout,
-            Cancelled,
-            ProviderError,
-            RelayDisconnected,
-            ArtifactError,
-            Unrecognized,
-        ] {
+        for code in ErrorCode::ALL {
             assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));
         }
     }

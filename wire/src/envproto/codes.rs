@@ -94,21 +94,7 @@ mod tests {
     #[test]
     fn every_relay_code_maps_to_a_listed_name() {
         use ErrorCode::*;
-        for code in [
-            InvalidRequest,
-            UnknownMethod,
-            CapabilityUnavailable,
-            PermissionDenied,
-            ApprovalRequired,
-            PolicyBlocked,
-            NotFound,
-            Timeout,
-            Cancelled,
-            ProviderError,
-            RelayDisconnected,
-            ArtifactError,
-            Unrecognized,
-        ] {
+        for code in ErrorCode::ALL {
             let name = name_of(code);
             assert!(ERROR_CODES.iter().any(|(n, _)| *n == name), "{name}");
         }

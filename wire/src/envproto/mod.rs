@@ -120,8 +120,11 @@ pub struct ProfileWriter<K> {
 
 impl<K: MessageSink> ProfileWriter<K> {
     async fn frame(&mut self, json: &[u8], flush: bool) -> Result<(), ChannelError> {
-        let messages = lock(&self.shared).outbound(json);
-        if !*self.hello.borrow() && lock(&self.shared).has_hello() {
+        let (messages, hello) = {
+            let mut translator = lock(&self.shared);
+            (translator.outbound(json), translator.has_hello())
+        };
+        if hello && !*self.hello.borrow() {
             self.hello.send_replace(true);
         }
         for message in messages {

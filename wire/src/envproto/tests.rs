@@ -70,20 +70,26 @@ fn ready() -> Translator {
     assert_eq!(event.payload["connection_id"], "conn_1");
     assert_eq!(event.payload["output"], "frames");
     // provider.online, in order, when the session's pong passes.
-    let Frame::Ping(Heartbeat { id: Some(id), .. }) = &accepted[1] else {
-        panic!("{accepted:?}")
-    };
-    let online = out(
-        &mut t,
-        &Frame::Pong(Heartbeat {
-            id: Some(id.clone()),
-            ts: None,
-        }),
-    );
+    let online = pong(&mut t, &accepted[1]);
     assert_eq!(online[0]["method"], "$/event");
     assert_eq!(online[0]["params"]["event"], "provider.online");
     assert_eq!(online[0]["params"]["payload"]["instance_id"], "inst-1");
     t
+}
+
+/// The session's pong to one of the translator's pings (`frame`): what
+/// the translator then says.
+fn pong(t: &mut Translator, frame: &Frame) -> Vec<Value> {
+    let Frame::Ping(Heartbeat { id: Some(id), .. }) = frame else {
+        panic!("not a ping: {frame:?}")
+    };
+    out(
+        t,
+        &Frame::Pong(Heartbeat {
+            id: Some(id.clone()),
+            ts: None,
+        }),
+    )
 }
 
 fn request(frame: &Frame) -> &crate::frame::Request {
@@ -607,16 +613,7 @@ fn pings_either_way_and_protocol_messages_answered_in_order() {
         &mut t,
         json!({"jsonrpc": "2.0", "id": "ping_1", "method": "$/ping", "params": {"ts": "2026-06-15T12:00:00Z"}}),
     );
-    let Frame::Ping(Heartbeat { id: Some(id), .. }) = &got[0] else {
-        panic!()
-    };
-    let said = out(
-        &mut t,
-        &Frame::Pong(Heartbeat {
-            id: Some(id.clone()),
-            ts: None,
-        }),
-    );
+    let said = pong(&mut t, &got[0]);
     assert_eq!(
         said[0],
         json!({"jsonrpc": "2.0", "id": "ping_1", "result": {"ts": "2026-06-15T12:00:00Z"}})
@@ -644,16 +641,7 @@ fn pings_either_way_and_protocol_messages_answered_in_order() {
             &mut t,
             json!({"jsonrpc": "2.0", "id": method, "method": method}),
         );
-        let Frame::Ping(Heartbeat { id: Some(id), .. }) = &got[0] else {
-            panic!()
-        };
-        let said = out(
-            &mut t,
-            &Frame::Pong(Heartbeat {
-                id: Some(id.clone()),
-                ts: None,
-            }),
-        );
+        let said = pong(&mut t, &got[0]);
         assert_eq!(said[0]["id"], method);
         if !check.is_empty() {
             assert!(said[0]["result"].get(check).is_some(), "{said:?}");
@@ -678,16 +666,7 @@ fn a_runtime_that_speaks_first_is_answered_with_the_descriptor() {
     );
     let mut said = Vec::new();
     for frame in &got[1..] {
-        let Frame::Ping(Heartbeat { id: Some(id), .. }) = frame else {
-            panic!()
-        };
-        said.extend(out(
-            &mut t,
-            &Frame::Pong(Heartbeat {
-                id: Some(id.clone()),
-                ts: None,
-            }),
-        ));
+        said.extend(pong(&mut t, frame));
     }
     let answer = said.iter().find(|m| m["id"] == 1).unwrap();
     assert_eq!(
@@ -706,16 +685,7 @@ fn a_runtime_that_speaks_first_is_answered_with_the_descriptor() {
         &mut t,
         json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocol": "ya-environment-protocol.v2"}}),
     );
-    let Frame::Ping(Heartbeat { id: Some(id), .. }) = &got[0] else {
-        panic!()
-    };
-    let said = out(
-        &mut t,
-        &Frame::Pong(Heartbeat {
-            id: Some(id.clone()),
-            ts: None,
-        }),
-    );
+    let said = pong(&mut t, &got[0]);
     assert_eq!(said[0]["error"]["data"]["name"], "unsupported_protocol");
 }
 
