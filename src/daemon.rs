@@ -14,7 +14,7 @@ use crate::server::Gateway;
 use crate::shell::Shell;
 use crate::shell::process::{Processes, StillAllowed, keeper};
 use crate::tools::Tools;
-use portcullis_store::AuditLog;
+use portcullis_store::{AuditLog, Handles};
 
 /// The providers of one run of the daemon, and what they share.
 pub struct Daemon {
@@ -27,9 +27,11 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub fn assemble(config: &Config, audit: AuditLog) -> Self {
+    /// The providers, sharing `audit` and the store's `handles` of started
+    /// processes.
+    pub fn assemble(config: &Config, audit: AuditLog, handles: Handles) -> Self {
         let instance_id = crate::random_id();
-        let processes = Processes::new(&instance_id);
+        let processes = Processes::new(&instance_id, Some(handles));
         let artifacts = Artifacts::new(audit.clone(), config.artifacts.ca_file.clone());
         let egress = Egress::new(&config.egress, &config.state_dir, audit);
         let providers = Providers::new()
@@ -86,10 +88,9 @@ mod tests {
         )
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let audit = portcullis_store::Store::open(dir.path())
-            .and_then(|store| store.audit(None))
-            .unwrap();
-        let providers = Daemon::assemble(&config, audit).providers;
+        let store = portcullis_store::Store::open(dir.path()).unwrap();
+        let (audit, handles) = (store.audit(None).unwrap(), store.handles().unwrap());
+        let providers = Daemon::assemble(&config, audit, handles).providers;
         let mut declared: Vec<&str> = providers.methods().map(|m| m.name).collect();
         declared.sort_unstable();
         assert_eq!(declared.len(), 32, "{declared:?}");

@@ -334,9 +334,16 @@ impl Rpc {
             "server_time": "2026-06-15T12:00:00Z",
             "policy": {"grant_id": "grant_abc", "accepted_mount_ids": ["main"], "accepted_target_ids": ["local"]}}});
         self.send(&answer).await;
-        let online = self.recv().await;
-        assert_eq!(online["method"], "$/event");
-        assert_eq!(online["params"]["event"], "provider.online");
+        // What the session tells first (processes an earlier run lost)
+        // may come before `provider.online`.
+        let online = loop {
+            let message = self.recv().await;
+            if message["params"]["event"] == "provider.online" {
+                break message;
+            }
+            assert_eq!(message["method"], "$/event", "{message}");
+            self.notes.push(message);
+        };
         assert_eq!(
             online["params"]["payload"]["instance_id"],
             params["provider"]["instance_id"]
@@ -991,6 +998,43 @@ async fn a_process_from_before_a_restart_is_lost_not_missing() {
         .call("process.status", json!({"process_id": "nothing"}))
         .await;
     assert_eq!(error_name(&missing), "not_found", "{missing}");
+    // An id shaped like an earlier run's that no run gave out is not a
+    // lost handle: the store knows which were.
+    let made_up = format!("p9-{}", &process_id[process_id.len() - 8..]);
+    let missing = rpc
+        .call("process.status", json!({"process_id": made_up}))
+        .await;
+    assert_eq!(error_name(&missing), "not_found", "{missing}");
+    // Told once, as the spec's events, when the session began.
+    let told = |event: &str, field: &str, id: &str| {
+        rpc.notes
+            .iter()
+            .any(|n| n["params"]["event"] == event && n["params"]["payload"][field] == id)
+    };
+    assert!(
+        told("process.lost", "process_id", &process_id),
+        "{:#?}",
+        rpc.notes
+    );
+    assert!(
+        told("shell_session.lost", "session_id", &session_id),
+        "{:#?}",
+        rpc.notes
+    );
+    assert!(rpc.close().await.success());
+    let mut rpc = provider.launch();
+    rpc.initialize().await;
+    let lost = rpc
+        .call("process.wait", json!({"process_id": process_id}))
+        .await;
+    assert_eq!(error_name(&lost), "process_lost", "{lost}");
+    assert!(
+        !rpc.notes
+            .iter()
+            .any(|n| n["params"]["event"] == "process.lost"),
+        "told twice: {:#?}",
+        rpc.notes
+    );
     assert!(rpc.close().await.success());
     // Nothing of the first run outlived it.
     assert!(common::processes_with(&provider.dir.display().to_string()).is_empty());

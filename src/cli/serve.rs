@@ -141,7 +141,8 @@ pub(crate) fn assemble(config: Config) -> Result<Assembled, ExitCode> {
         );
     }
     let remembered = store.approvals().map_err(fail)?;
-    let daemon = Daemon::assemble(&config, audit.clone());
+    let handles = store.handles().map_err(fail)?;
+    let daemon = Daemon::assemble(&config, audit.clone(), handles);
     let (providers, instance_id) = (daemon.providers.clone(), daemon.instance_id.clone());
     let mut gateway = Gateway::new(config, key, policy, audit, providers, instance_id);
     gateway.approvals = portcullis::server::approvals::Approvals::new(Some(remembered));

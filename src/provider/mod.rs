@@ -20,7 +20,7 @@ pub mod output;
 pub mod params;
 mod resources;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use portcullis_policy::{Capability, Denial, Policy, Query, Target, Terms};
-use portcullis_wire::frame::{ErrorBody, ErrorCode, Frame, Request, RequestId, Stream};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Frame, Request, RequestId, Stream};
 use portcullis_wire::record::{Channel, ChunkRecord};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -480,6 +480,12 @@ pub trait Provider: Send + Sync + 'static {
         None
     }
     fn call(&self, call: Call) -> Reply;
+    /// A session of `principal` has been accepted with the `accepted`
+    /// capabilities: the events the provider must tell it first (the
+    /// shell: the processes an earlier run of the gateway lost).
+    fn session_accepted(&self, _principal: &str, _accepted: &BTreeSet<String>) -> Vec<Event> {
+        Vec::new()
+    }
     /// What the provider holds now, for the metrics endpoint.
     fn gauges(&self) -> Vec<Gauge> {
         Vec::new()
@@ -547,6 +553,14 @@ impl Providers {
     /// Every served method, in no particular order.
     pub fn methods(&self) -> impl Iterator<Item = &'static Method> + '_ {
         self.by_method.values().map(|(_, method)| *method)
+    }
+
+    /// [`Provider::session_accepted`] of every provider.
+    pub fn session_accepted(&self, principal: &str, accepted: &BTreeSet<String>) -> Vec<Event> {
+        self.all
+            .iter()
+            .flat_map(|p| p.session_accepted(principal, accepted))
+            .collect()
     }
 
     /// Every provider's gauges.

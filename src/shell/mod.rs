@@ -19,7 +19,7 @@ pub mod process;
 mod pty;
 mod start;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
@@ -40,7 +40,7 @@ use crate::provider::{
     Call, Gauge, Method, Provider, Reply, StartEntry, no_input, params as provider_params,
 };
 use portcullis_sandbox::{self as sandbox, Mechanism};
-use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Request};
 use portcullis_wire::record::Channel;
 
 use crate::artifacts::{Artifacts, Source, Upload};
@@ -183,6 +183,15 @@ fn command_target(request: &Request) -> Result<Target, ErrorBody> {
 impl Provider for Shell {
     fn methods(&self) -> &'static [Method] {
         METHODS
+    }
+
+    /// A session that accepted `shell` hears of its principal's processes
+    /// an earlier run lost.
+    fn session_accepted(&self, principal: &str, accepted: &BTreeSet<String>) -> Vec<Event> {
+        match accepted.contains("shell") {
+            true => self.0.processes.tell_lost(principal),
+            false => Vec::new(),
+        }
     }
 
     fn gauges(&self) -> Vec<Gauge> {

@@ -28,11 +28,16 @@ use tokio_util::sync::CancellationToken;
 use crate::provider::EventSink;
 use crate::provider::output::{OutputFrame, TextOutput};
 use crate::provider::{OutputForm, Pause, SessionGone, StreamSink};
-use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
+use portcullis_store::{Handle, Handles};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Request};
 use portcullis_wire::record::Channel;
 
 /// Output a process keeps for readers who are behind or away.
 pub const RING_BYTES: usize = 1 << 20;
+
+/// How a handle the gateway lost (see [`Processes::tell_lost`]) is
+/// recorded once its owner was told.
+const TOLD_LOST: &str = "lost";
 
 /// Exited processes kept per principal (for `shell.attach` and status);
 /// beyond this the oldest exited one is forgotten.
@@ -552,9 +557,16 @@ pub struct Processes(Arc<Held>);
 
 struct Held {
     table: Mutex<Table>,
-    /// This run of the gateway, in process ids: `p7-3f9a1c2e`. Ids of an
-    /// earlier run are recognised as such.
+    /// This run of the gateway (`instance_id`); its first 8 characters end
+    /// each process id: `p7-3f9a1c2e`.
+    instance_id: String,
     tag: String,
+    /// Every handle given out, across runs: one of an earlier run is lost,
+    /// not unknown. `None` only where nothing is kept (unit tests).
+    ledger: Option<Handles>,
+    /// Handles an earlier run lost while they ran, not yet told to a
+    /// session of their owner.
+    untold: Mutex<Vec<(String, Handle)>>,
 }
 
 /// Every process, by id.
@@ -566,12 +578,84 @@ struct Table {
 
 impl Processes {
     /// An empty table whose ids end in the first 8 characters of
-    /// `instance_id` (the gateway's, as its hello names it).
-    pub fn new(instance_id: &str) -> Self {
+    /// `instance_id` (the gateway's, as its hello names it), remembering
+    /// the handles it gives out in `ledger`.
+    pub fn new(instance_id: &str, ledger: Option<Handles>) -> Self {
+        let untold = match &ledger {
+            Some(ledger) => ledger.lost(instance_id).unwrap_or_else(|e| {
+                tracing::warn!("cannot read the handles of the gateway's earlier runs: {e}");
+                Vec::new()
+            }),
+            None => Vec::new(),
+        };
         Self(Arc::new(Held {
             table: Mutex::default(),
+            instance_id: instance_id.to_string(),
             tag: instance_id.chars().take(8).collect(),
+            ledger,
+            untold: Mutex::new(untold),
         }))
+    }
+
+    /// The events (`process.lost`) a session of `principal` is told of
+    /// the processes an earlier run of the gateway lost — each once, to the
+    /// first session of its owner —, recorded as told.
+    pub fn tell_lost(&self, principal: &str) -> Vec<Event> {
+        let mine: Vec<(String, Handle)> = {
+            let mut untold = lock(&self.0.untold);
+            let (mine, others) = std::mem::take(&mut *untold)
+                .into_iter()
+                .partition(|(_, h)| h.owner == principal);
+            *untold = others;
+            mine
+        };
+        mine.into_iter()
+            .map(|(id, handle)| {
+                self.ended(&id, TOLD_LOST);
+                Event {
+                    event: "process.lost".into(),
+                    payload: json!({
+                        "process_id": id,
+                        "terminal": handle.terminal,
+                        "started_at": handle.started_at,
+                        "ended_by": handle.ended_by,
+                        "reason": "gateway_restarted",
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    /// Makes `process`'s handle durable in the ledger; before anyone is
+    /// told of it, so that every handle a client holds is known after a
+    /// restart.
+    pub async fn remember(&self, process: &Process) -> Result<(), ErrorBody> {
+        let Some(ledger) = &self.0.ledger else {
+            return Ok(());
+        };
+        let handle = Handle {
+            owner: process.owner.clone(),
+            instance_id: self.0.instance_id.clone(),
+            terminal: process.terminal.is_some(),
+            command: process.command.clone(),
+            started_at: process.started_at.clone(),
+            ended_by: None,
+        };
+        ledger.record(&process.id, &handle).await.map_err(|e| {
+            ErrorBody::new(
+                ErrorCode::ProviderError,
+                format!("cannot record the process's handle: {e}"),
+            )
+        })
+    }
+
+    /// Records how a process ended (see [`Handles::ended`]).
+    pub fn ended(&self, id: &str, ended_by: &str) {
+        if let Some(ledger) = &self.0.ledger
+            && let Err(e) = ledger.ended(id, ended_by)
+        {
+            tracing::warn!("cannot record how {id} ended: {e}");
+        }
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -615,25 +699,36 @@ impl Processes {
             process.touch();
             return Ok(process.clone());
         }
-        let tag = &self.0.tag;
-        let earlier = id
-            .rsplit_once('-')
-            .is_some_and(|(n, other)| n.starts_with('p') && other.len() == 8 && other != tag);
-        let message = if earlier {
-            format!(
-                "process `{id}` was started by an earlier run of the gateway, and ended when it \
-                 stopped (this run's ids end in `-{tag}`)"
-            )
-        } else {
-            format!("no process `{id}` of yours (it may have exited and been forgotten)")
+        let handle = match &self.0.ledger {
+            Some(ledger) => ledger.get(id).unwrap_or_else(|e| {
+                tracing::warn!("cannot look up the handle {id}: {e}");
+                None
+            }),
+            None => None,
         };
-        // `lost`: the handle was real, its process ended with that run
-        // (the 0.92 profile's `process_lost`).
-        let error = ErrorBody::new(ErrorCode::NotFound, message);
-        Err(match earlier {
-            true => error.with_details(json!({"lost": true, "reason": "gateway_restarted"})),
-            false => error,
-        })
+        match handle.filter(|h| h.owner == principal && h.instance_id != self.0.instance_id) {
+            // `lost`: the handle was real, its process ended with that run
+            // (the 0.92 profile's `process_lost`).
+            Some(handle) => Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!(
+                    "process `{id}` was started by an earlier run of the gateway ({}), and \
+                     ended when that run stopped",
+                    handle.started_at
+                ),
+            )
+            .with_details(json!({
+                "lost": true,
+                "reason": "gateway_restarted",
+                "terminal": handle.terminal,
+                "started_at": handle.started_at,
+                "ended_by": handle.ended_by,
+            }))),
+            None => Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("no process `{id}` of yours (it may have exited and been forgotten)"),
+            )),
+        }
     }
 
     /// The principal's processes, oldest first.

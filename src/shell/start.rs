@@ -51,6 +51,10 @@ pub async fn start(shell: Shell, mut call: Call) -> Result<Value, ErrorBody> {
     let terms = shell_terms(call.terms.clone())?;
     let mut start_entry = std::mem::replace(&mut call.start_entry, StartEntry::durable());
     let process = launch(&shell, &call, &p, &terms, &mut start_entry).await?;
+    if let Err(e) = shell.processes().remember(&process).await {
+        process.stop(StopReason::Cancelled);
+        return Err(e);
+    }
     let mut started = json!({
         "process_id": process.id,
         "pid": process.pid,
@@ -186,6 +190,9 @@ async fn launch(
         };
         // The process slot is free once the process is gone.
         drop(running);
+        if let Some(ended_by) = result["ended_by"].as_str() {
+            processes.ended(&supervised.id, ended_by);
+        }
         supervised.finish(result);
         if !supervised.persist {
             processes.forget(&supervised.id);

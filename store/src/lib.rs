@@ -1,14 +1,18 @@
 //! `portcullis-store`: the only code that knows sled.
 //!
-//! Today it holds the audit log ([`AuditLog`]): one entry per request and
+//! It holds the audit log ([`AuditLog`]): one entry per request and
 //! per security event, hash-chained, written by a single writer thread that
 //! commits in groups and makes each group durable (a write to its journal
-//! and an `fdatasync`, see `journal.rs`) before any caller hears back.
+//! and an `fdatasync`, see `journal.rs`) before any caller hears back;
+//! remembered approvals ([`RememberedApprovals`]); and the handles of
+//! started processes ([`Handles`]), so those of an earlier run are known
+//! as lost.
 
 #![forbid(unsafe_code)]
 
 mod audit;
 mod checkpoint;
+mod handles;
 mod journal;
 
 use std::path::{Path, PathBuf};
@@ -21,6 +25,7 @@ pub use audit::{
 pub use checkpoint::{
     AuditSigner, Checkpoint, NoteError, PruneMarker, PublicKeyError, decode_public_key, origin_of,
 };
+pub use handles::{Handle, Handles};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -122,6 +127,11 @@ impl Store {
             .open_tree("approvals_remembered")
             .map_err(StoreError::Sled)?;
         Ok(RememberedApprovals { tree })
+    }
+
+    /// The handles of started processes and terminal sessions.
+    pub fn handles(&self) -> Result<Handles, StoreError> {
+        Handles::open(&self.db)
     }
 
     /// The audit log with a chosen durability; only benchmarks choose less.

@@ -621,7 +621,14 @@ impl Session {
             .filter(|n| offered.contains(*n))
             .map(str::to_string)
             .collect();
+        let first = self
+            .gateway
+            .providers
+            .session_accepted(&self.principal, &accepted);
         self.accepted = Some(accepted);
+        for event in first {
+            self.event(&event.event, event.payload).await;
+        }
     }
 }
 

@@ -24,7 +24,7 @@ mod verify;
 mod writer;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::VecDeque;
 use std::fs::File;

@@ -210,7 +210,7 @@ fn reordered_entries_are_found() {
 /// its queue closes, and a test's own sled handle until its flusher stops
 /// — a moment after the drop, long enough on a loaded machine for an open
 /// at once to find it `Locked` (up to 10 s here).
-fn reopen(dir: &std::path::Path) -> Store {
+pub(crate) fn reopen(dir: &std::path::Path) -> Store {
     for _ in 0..1000 {
         if let Ok(store) = Store::open(dir) {
             return store;

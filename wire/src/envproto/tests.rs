@@ -753,6 +753,22 @@ fn events_keep_the_spec_s_names_and_watch_changes_are_mount_changes() {
         said[0],
         json!({"jsonrpc": "2.0", "method": "$/event", "params": {"event": "process.exited", "payload": {"process_id": "p1"}}})
     );
+    // A lost terminal is a lost shell session, by its session id.
+    for (terminal, name, field) in [
+        (false, "process.lost", "process_id"),
+        (true, "shell_session.lost", "session_id"),
+    ] {
+        let said = out(
+            &mut t,
+            &Frame::Event(crate::frame::Event {
+                event: "process.lost".into(),
+                payload: json!({"process_id": "p2-aaaa", "terminal": terminal, "reason": "gateway_restarted"}),
+            }),
+        );
+        assert_eq!(said[0]["params"]["event"], name, "{said:?}");
+        assert_eq!(said[0]["params"]["payload"][field], "p2-aaaa", "{said:?}");
+        assert_eq!(said[0]["params"]["payload"]["reason"], "gateway_restarted");
+    }
 }
 
 #[test]

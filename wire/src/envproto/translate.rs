@@ -996,6 +996,22 @@ impl Translator {
                     json!({"event": "mount.changed", "payload": payload}),
                 )]
             }
+            "process.lost" => {
+                let mut payload = event.payload;
+                let terminal = payload.get("terminal").and_then(Value::as_bool) == Some(true);
+                let name = match terminal {
+                    true => {
+                        rename_value(&mut payload, "process_id", "session_id");
+                        payload["resource_id"] = payload["session_id"].clone();
+                        "shell_session.lost"
+                    }
+                    false => "process.lost",
+                };
+                vec![rpc_notification(
+                    "$/event",
+                    json!({"event": name, "payload": payload}),
+                )]
+            }
             name => {
                 match name {
                     "provider.paused" => self.paused = true,
