@@ -71,6 +71,9 @@ enum Command {
         #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "portcullis-demo")]
         demo: Option<PathBuf>,
     },
+    /// The ya-environment-protocol.v1 profile: its JSON Schema.
+    #[command(subcommand)]
+    Protocol(ProtocolCommand),
     /// Serve ya-environment-protocol.v1 (JSON-RPC, LSP framing) on standard
     /// input and output, for a runtime that starts the provider as its child.
     #[command(
@@ -224,7 +227,7 @@ enum KeysCommand {
 #[derive(Subcommand)]
 enum AuditCommand {
     /// List entries, newest first.
-    List(cli::audit::ListArgs),
+    List(Box<cli::audit::ListArgs>),
     /// Show one entry in full.
     Show { seq: u64 },
     /// Recompute the hash chain and check the signed checkpoints (and, with
@@ -308,6 +311,24 @@ enum PolicyCommand {
 }
 
 #[derive(Subcommand)]
+enum ProtocolCommand {
+    /// Print the JSON Schema of ya-environment-protocol.v1 as this provider
+    /// serves it: every method's params and result, the notifications, the
+    /// error codes.
+    #[command(after_help = "Examples:\n  \
+        portcullis protocol schema > ya-environment-protocol.v1.schema.json\n  \
+        portcullis protocol schema --method process.wait --part result")]
+    Schema {
+        /// Only this method's (or notification's) schema, standing alone.
+        #[arg(long)]
+        method: Option<String>,
+        /// With --method: `params` or `result` (both when absent).
+        #[arg(long, requires = "method", value_parser = ["params", "result"])]
+        part: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
 enum TokenCommand {
     /// A new random token, and the `token_hash` line for the policy.
     New {
@@ -344,6 +365,9 @@ fn main() -> ExitCode {
             Ok(config) => cli::serve::serve(&config),
             Err(e) => cli::fail(e),
         },
+        Command::Protocol(ProtocolCommand::Schema { method, part }) => {
+            cli::stdio::schema(method.as_deref(), part.as_deref())
+        }
         Command::Stdio { config, principal } => cli::stdio::stdio(&config, &principal),
         Command::Socket { config, listen } => cli::serve::socket(&config, &listen),
         Command::Websocket {
@@ -378,7 +402,7 @@ fn main() -> ExitCode {
         Command::Audit {
             action: AuditCommand::List(args),
             source,
-        } => cli::audit::list(source, args),
+        } => cli::audit::list(source, *args),
         Command::Audit {
             action: AuditCommand::Show { seq },
             source,

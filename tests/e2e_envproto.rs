@@ -301,15 +301,28 @@ impl Rpc {
         }
     }
 
-    /// A request with a fresh id and this context; its whole answer.
+    /// A request with a fresh id and this context; its whole answer. The
+    /// params (when meant to be valid) and a result must match
+    /// `portcullis protocol schema`, and so must every notification that
+    /// came meanwhile.
     async fn call(&mut self, method: &str, params: Value) -> Value {
         self.next += 1;
         let id = json!(self.next);
         let context = json!({"session_id": "sess-1", "run_id": "run-42", "tool_call_id": format!("call-{}", self.next)});
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params, "context": context}))
             .await;
+        let seen = self.notes.len();
         let answer = self.answer(&id).await;
         assert_eq!(answer["jsonrpc"], "2.0");
+        if let Some(result) = answer.get("result") {
+            conforms(method, "params", &params);
+            conforms(method, "result", result);
+        }
+        for note in &self.notes[seen..] {
+            if let Some(name) = note["method"].as_str() {
+                conforms(name, "params", &note["params"]);
+            }
+        }
         answer
     }
 
@@ -326,6 +339,7 @@ impl Rpc {
         let init = self.recv().await;
         assert_eq!(init["jsonrpc"], "2.0");
         assert_eq!(init["method"], "initialize");
+        conforms("initialize", "params", &init["params"]);
         let params = init["params"].clone();
         assert_eq!(params["protocol"], "ya-environment-protocol.v1");
         let answer = json!({"jsonrpc": "2.0", "id": init["id"], "result": {
@@ -362,6 +376,22 @@ impl Rpc {
     }
 }
 
+/// `value` matches the schema `portcullis protocol schema` gives for
+/// `method`'s `part`; a method the schema lacks fails too.
+fn conforms(method: &str, part: &str, value: &Value) {
+    let schema = portcullis_wire::envproto::schema::of(method, part)
+        .unwrap_or_else(|| panic!("the schema has no {part} for `{method}`"));
+    let validator = jsonschema::validator_for(&schema).expect("a valid JSON Schema");
+    let problems: Vec<String> = validator
+        .iter_errors(value)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "{method} {part} does not match its schema: {problems:#?}\n{value:#}"
+    );
+}
+
 fn error_name(answer: &Value) -> &str {
     answer["error"]["data"]["name"].as_str().unwrap_or("")
 }
@@ -374,6 +404,35 @@ async fn a_runtime_from_the_spec_alone_uses_files_commands_processes_and_session
     let exit = rpc.close().await;
     assert!(exit.success(), "{exit:?}\n{}", provider.log());
     all_audited(&provider.audit(), "stdio v1-jsonrpc");
+    // `audit list` shows how each entry came, and filters by it.
+    let list = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+            .args(["audit", "list", "--limit", "1000", "--config"])
+            .arg(provider.config())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let table = list(&[
+        "--transport",
+        "stdio",
+        "--profile",
+        "ya-environment-protocol.v1",
+    ]);
+    assert!(table.lines().next().unwrap().contains("VIA"), "{table}");
+    assert!(
+        table.lines().nth(1).unwrap().contains("stdio 0.92"),
+        "{table}"
+    );
+    assert!(table.lines().count() > 20, "{table}");
+    let none = list(&["--transport", "unix"]);
+    assert_eq!(none.lines().count(), 1, "only the header: {none}");
 }
 
 #[tokio::test]
@@ -475,6 +534,49 @@ async fn the_same_client_inside_the_noise_channel_dialing_in() {
             .as_str()
             .is_some_and(|p| p.ends_with(" v1-jsonrpc"))
     }));
+
+    // The same command from a relay.v1 client leaves an entry with the
+    // same fields: only where it came from and its values differ.
+    let relay = gateway.connect(&client).await.unwrap();
+    relay.accept_all().await.unwrap();
+    let answer = relay
+        .request(
+            "shell.exec",
+            json!({"command": ["sh", "-c", "echo relay"], "root_id": "main"}),
+        )
+        .await;
+    drop(relay);
+    let entries: Vec<Value> = gateway
+        .audit_entries()
+        .iter()
+        .map(|e| serde_json::to_value(e).unwrap())
+        .collect();
+    let exec_of = |profile: &str| {
+        entries
+            .iter()
+            .rfind(|e| {
+                e["kind"] == "request"
+                    && e["method"] == "shell.exec"
+                    && e["profile"] == profile
+                    && e["status"] == "succeeded"
+            })
+            .unwrap_or_else(|| panic!("no shell.exec of {profile} ({answer:?}): {entries:#?}"))
+            .clone()
+    };
+    let (relay, jsonrpc) = (exec_of("relay.v1"), exec_of("ya-environment-protocol.v1"));
+    // The runtime's context ids are its own to send or not.
+    let fields = |e: &Value| {
+        let mut keys: Vec<String> = e.as_object().unwrap().keys().cloned().collect();
+        keys.retain(|k| {
+            !["context", "session_id", "run_id", "tool_call_id", "path"].contains(&k.as_str())
+        });
+        keys.sort();
+        keys
+    };
+    assert_eq!(fields(&relay), fields(&jsonrpc), "{relay:#}\n{jsonrpc:#}");
+    assert_eq!(relay["transport"], "websocket");
+    assert_eq!(relay["mount_ids"], json!(["main"]));
+    assert_eq!(relay["target_id"], jsonrpc["target_id"]);
 }
 
 #[tokio::test]
@@ -727,6 +829,59 @@ async fn exercise(rpc: &mut Rpc) {
         )
         .await;
     assert_eq!(stat["size"], 11);
+    // The rest of file.*, each answer checked against the schema.
+    let f = |path: &str| json!({"mount_id": "main", "path": path});
+    rpc.ok(
+        "file.mkdir",
+        json!({"mount_id": "main", "path": "more/deep", "parents": true}),
+    )
+    .await;
+    rpc.ok(
+        "file.append",
+        json!({"mount_id": "main", "path": "more/log", "content": "x\n"}),
+    )
+    .await;
+    rpc.ok(
+        "file.copy",
+        json!({"mount_id": "main", "path": "more/log", "to_path": "more/copy"}),
+    )
+    .await;
+    rpc.ok(
+        "file.move",
+        json!({"mount_id": "main", "path": "more/copy", "to_path": "more/moved"}),
+    )
+    .await;
+    let found = rpc
+        .ok(
+            "file.search",
+            json!({"mount_id": "main", "path": "more", "pattern": "x"}),
+        )
+        .await;
+    assert_eq!(found["matches"], 2, "{found}");
+    let watch = rpc
+        .ok(
+            "file.watch",
+            json!({"mount_id": "main", "path": "more", "recursive": true}),
+        )
+        .await;
+    let resources = rpc.ok("resource.list", json!({})).await;
+    assert!(
+        resources["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["id"] == watch["resource_id"]),
+        "{resources}"
+    );
+    rpc.ok("resource.dispose", json!({"id": watch["resource_id"]}))
+        .await;
+    rpc.ok(
+        "file.delete",
+        json!({"mount_id": "main", "path": "more", "recursive": true}),
+    )
+    .await;
+    let gone = rpc.call("file.stat", f("more")).await;
+    assert_eq!(error_name(&gone), "not_found", "{gone}");
     let outside = rpc
         .call(
             "file.read",
@@ -817,6 +972,31 @@ async fn exercise(rpc: &mut Rpc) {
         )
         .await;
     assert_eq!(polled["status"], "running", "{polled}");
+    let signalled = rpc
+        .ok(
+            "process.signal",
+            json!({"process_id": sleeper_id, "signal": 18}),
+        )
+        .await;
+    assert_eq!(signalled["signal"], "CONT", "{signalled}");
+    // Input, then the end of it.
+    let cat = rpc.ok("process.start", json!({"command": ["cat"]})).await;
+    let cat_id = cat["process_id"].clone();
+    rpc.ok(
+        "process.input",
+        json!({"process_id": cat_id, "data": "typed\n"}),
+    )
+    .await;
+    rpc.ok("process.close_stdin", json!({"process_id": cat_id}))
+        .await;
+    let echoed = rpc
+        .ok(
+            "process.wait",
+            json!({"process_id": cat_id, "timeout_ms": 20000}),
+        )
+        .await;
+    assert_eq!(echoed["stdout"], "typed\n", "{echoed}");
+    assert_eq!(echoed["status"], "exited", "{echoed}");
     let listed = rpc.ok("process.list", json!({})).await;
     assert!(
         listed["processes"]
@@ -959,6 +1139,37 @@ fn all_audited(entries: &[Value], peer: &str) {
             .is_some_and(|d| d.contains("not valid"))),
         "{requests:#?}"
     );
+    // The 0.92 spec's audit fields, and how the peer came.
+    for e in &requests {
+        assert_eq!(e["profile"], "ya-environment-protocol.v1", "{e:#}");
+        assert!(
+            e["transport"].is_string() && e["provider_id"].is_string(),
+            "{e:#}"
+        );
+        assert!(e["instance_id"].is_string(), "{e:#}");
+    }
+    let exec = requests
+        .iter()
+        .find(|e| e["method"] == "shell.exec" && e["status"] == "succeeded")
+        .expect("a shell.exec entry");
+    assert_eq!(exec["target_id"], "local", "{exec:#}");
+    assert_eq!(exec["mount_ids"], json!(["main"]), "{exec:#}");
+    assert_eq!(exec["output_truncated"], false, "{exec:#}");
+    let start = requests
+        .iter()
+        .find(|e| e["method"] == "shell.start")
+        .expect("a shell.start entry");
+    assert!(
+        start["resource_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with('p')),
+        "{start:#}"
+    );
+    let blocked = requests
+        .iter()
+        .find(|e| e["decision"] == "blocked" && e["method"] == "file.read")
+        .unwrap();
+    assert_eq!(blocked["error_name"], "permission_denied", "{blocked:#}");
 }
 
 #[tokio::test]
@@ -1036,6 +1247,18 @@ async fn a_process_from_before_a_restart_is_lost_not_missing() {
         rpc.notes
     );
     assert!(rpc.close().await.success());
+    // The audit log says lost, in the spec's terms.
+    let entries = provider.audit();
+    let lost: Vec<&Value> = entries.iter().filter(|e| e["status"] == "lost").collect();
+    assert!(
+        lost.iter()
+            .any(|e| e["error_name"] == "process_lost" && e["resource_id"] == process_id.as_str()),
+        "{lost:#?}"
+    );
+    assert!(
+        lost.iter().any(|e| e["error_name"] == "session_lost"),
+        "{lost:#?}"
+    );
     // Nothing of the first run outlived it.
     assert!(common::processes_with(&provider.dir.display().to_string()).is_empty());
 }

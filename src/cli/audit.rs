@@ -40,8 +40,9 @@ pub struct ListArgs {
     /// allowed, approved or blocked.
     #[arg(long)]
     pub decision: Option<String>,
-    /// succeeded, failed, cancelled or interrupted (the gateway stopped
-    /// after the request's start entry and before its answer).
+    /// succeeded, failed, cancelled, interrupted (the gateway stopped
+    /// after the request's start entry and before its answer) or lost (it
+    /// named a process of an earlier run of the gateway).
     #[arg(long)]
     pub status: Option<String>,
     /// Only the requests of this run (`context.run_id`).
@@ -57,6 +58,14 @@ pub struct ListArgs {
     /// `relay.accepted`) or the gateway's session number.
     #[arg(long)]
     pub connection: Option<String>,
+    /// Only what came this way: websocket (dialed in), websocket-out,
+    /// websocket-out-plain (dialed out), stdio or unix.
+    #[arg(long)]
+    pub transport: Option<String>,
+    /// Only what spoke this protocol: relay.v1 or
+    /// ya-environment-protocol.v1.
+    #[arg(long)]
+    pub profile: Option<String>,
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
 }
@@ -152,6 +161,8 @@ pub fn list(source: Source, args: ListArgs) -> ExitCode {
             session: args.session.clone(),
             tool_call: args.tool_call.clone(),
             connection: args.connection.clone(),
+            transport: args.transport.clone(),
+            profile: args.profile.clone(),
             limit: args.limit,
         };
         match backend(&source, &rt)? {
@@ -173,6 +184,8 @@ pub fn list(source: Source, args: ListArgs) -> ExitCode {
                 add("session", filter.session.clone());
                 add("tool_call", filter.tool_call.clone());
                 add("connection", filter.connection.clone());
+                add("transport", filter.transport.clone());
+                add("profile", filter.profile.clone());
                 let body = daemon(&rt, &socket, &format!("/v1/audit?{}", query.join("&")))?;
                 serde_json::from_value(body["entries"].clone()).map_err(|e| e.to_string())
             }
@@ -190,8 +203,8 @@ pub fn list(source: Source, args: ListArgs) -> ExitCode {
 fn print_entries(entries: &[Entry], json: bool) {
     if !json {
         println!(
-            "{:>7}  {:<24} {:<14} {:<16} {:<9} {:<10} ERROR",
-            "SEQ", "TIME", "PRINCIPAL", "METHOD/EVENT", "DECISION", "STATUS"
+            "{:>7}  {:<24} {:<14} {:<16} {:<9} {:<11} {:<22} ERROR",
+            "SEQ", "TIME", "PRINCIPAL", "METHOD/EVENT", "DECISION", "STATUS", "VIA"
         );
     }
     print_rows(entries, json);
@@ -208,8 +221,15 @@ fn print_rows(entries: &[Entry], json: bool) {
         let r = &e.record;
         let name = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
         let word = |v: Value| v.as_str().map(str::to_string).unwrap_or_else(|| "-".into());
+        // `unix 0.92`, `websocket relay`: the transport, then the profile.
+        let via = match (&r.transport, r.profile.as_deref()) {
+            (Some(t), Some("ya-environment-protocol.v1")) => format!("{t} 0.92"),
+            (Some(t), Some(_)) => format!("{t} relay"),
+            (Some(t), None) => t.clone(),
+            (None, _) => "-".into(),
+        };
         println!(
-            "{:>7}  {:<24} {:<14} {:<16} {:<9} {:<10} {}",
+            "{:>7}  {:<24} {:<14} {:<16} {:<9} {:<11} {:<22} {}",
             e.seq,
             r.started_at.chars().take(24).collect::<String>(),
             name(&r.principal),
@@ -219,6 +239,7 @@ fn print_rows(entries: &[Entry], json: bool) {
                 .unwrap_or_else(|| "-".into()),
             word(json!(r.decision)),
             word(json!(r.status)),
+            via,
             name(&r.error_code)
                 + if r.warning.is_some() {
                     " (warning)"

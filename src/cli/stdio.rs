@@ -88,3 +88,30 @@ async fn serve(gateway: Arc<Gateway>, daemon: Daemon, principal: String) -> Exit
     info!("the session ended; stopping");
     shut_down(&gateway, daemon).await
 }
+
+/// `portcullis protocol schema`: the whole document, or one method's
+/// params and result (or one of them), as JSON on standard output.
+pub fn schema(method: Option<&str>, part: Option<&str>) -> ExitCode {
+    use portcullis_wire::envproto::schema;
+    let printed = match (method, part) {
+        (None, _) => Some(schema::document()),
+        (Some(method), Some(part)) => schema::of(method, part),
+        (Some(method), None) => schema::of(method, "params").map(
+            |params| serde_json::json!({"params": params, "result": schema::of(method, "result")}),
+        ),
+    };
+    match printed {
+        Some(value) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&value).unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
+        None => super::fail(format!(
+            "`{}` is not a method of ya-environment-protocol.v1 this provider serves \
+             (`portcullis protocol schema` lists them under `methods` and `notifications`)",
+            method.unwrap_or_default()
+        )),
+    }
+}

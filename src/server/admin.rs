@@ -423,6 +423,8 @@ pub fn audit_filter(query: &str) -> Result<portcullis_store::Filter, FilterError
             "session" => filter.session = Some(value),
             "tool_call" => filter.tool_call = Some(value),
             "connection" => filter.connection = Some(value),
+            "transport" => filter.transport = Some(value),
+            "profile" => filter.profile = Some(value),
             "limit" => filter.limit = value.parse().map_err(|_| FilterError::Limit)?,
             other => return Err(FilterError::UnknownFilter(other.to_string())),
         }

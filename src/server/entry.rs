@@ -2,7 +2,7 @@
 //! requests it makes) records about it when it starts and when it ends.
 
 use portcullis_policy::Target;
-use portcullis_store::Record as AuditRecord;
+use portcullis_store::{Record as AuditRecord, Status};
 use serde_json::Value;
 
 use crate::provider::Usage;
@@ -14,16 +14,22 @@ pub fn describe_target(record: &mut AuditRecord, target: &Target) {
     let cut = |s: &str| s.chars().take(256).collect::<String>();
     match target {
         Target::Path { root, path } => {
-            (record.root, record.path) = (Some(cut(root)), Some(cut(path)))
+            (record.root, record.path) = (Some(cut(root)), Some(cut(path)));
+            record.mount_ids = vec![cut(root)];
         }
         Target::Transfer { from, to } => {
             record.root = Some(cut(&from.0));
             record.path = Some(format!("{} -> {}:{}", cut(&from.1), cut(&to.0), cut(&to.1)));
+            record.mount_ids = vec![cut(&from.0)];
+            if to.0 != from.0 {
+                record.mount_ids.push(cut(&to.0));
+            }
         }
         Target::Command { program, cwd, .. } => {
             record.command = Some(cut(program));
             if let Some((root, path)) = cwd {
                 (record.root, record.path) = (Some(cut(root)), Some(cut(path)));
+                record.mount_ids = vec![cut(root)];
             }
         }
         Target::Tool { name } => record.tool = Some(cut(name)),
@@ -58,6 +64,46 @@ pub fn complete(
         .map(str::to_string);
     let (status, code) = crate::provider::audit_status(error);
     (record.status, record.error_code) = (Some(status), code);
+    let details = error.and_then(|e| e.details.as_ref());
+    let lost = details.and_then(|d| d.get("lost")?.as_bool()) == Some(true);
+    if lost {
+        record.status = Some(Status::Lost);
+    }
+    record.error_name = error.map(|e| error_name(e.code, details).to_string());
+    // What a result (or a timed-out command's, in `details`) says was cut.
+    let outcome = result.or(details);
+    let truncated = ["stdout_truncated", "stderr_truncated", "output_truncated"]
+        .iter()
+        .any(|field| outcome.and_then(|r| r.get(*field)?.as_bool()) == Some(true));
+    record.output_truncated = outcome.is_some().then_some(truncated);
+    if record.resource_id.is_none() {
+        record.resource_id = result
+            .and_then(|r| r.get("process_id").or(r.get("watch")).or(r.get("id")))
+            .and_then(Value::as_str)
+            .map(|id| id.chars().take(128).collect());
+    }
+}
+
+/// The 0.92 profile's name for an error: a handle of an earlier run
+/// (`details.lost`) is `process_lost` or `session_lost`, others as
+/// `portcullis_wire::envproto` names their code.
+pub fn error_name(code: ErrorCode, details: Option<&Value>) -> &'static str {
+    let flag = |name: &str| details.and_then(|d| d.get(name)?.as_bool()) == Some(true);
+    match (flag("lost"), flag("terminal")) {
+        (true, true) => "session_lost",
+        (true, false) => "process_lost",
+        _ => portcullis_wire::envproto::codes::name_of(code),
+    }
+}
+
+/// The process, watch or resource a request's params name (the spec's
+/// `resource_id`), cut to 128 characters.
+pub fn resource_of(params: &serde_json::Map<String, Value>) -> Option<String> {
+    ["process_id", "watch", "request_id"]
+        .iter()
+        .find_map(|field| params.get(*field)?.as_str())
+        .or_else(|| params.get("id")?.as_str())
+        .map(|id| id.chars().take(128).collect())
 }
 
 #[cfg(test)]

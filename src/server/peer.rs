@@ -59,6 +59,30 @@ impl fmt::Display for Peer {
     }
 }
 
+impl Peer {
+    /// How the peer reached the gateway, as audit entries name it.
+    pub fn transport(&self) -> &'static str {
+        match self {
+            Self::Tcp { .. } | Self::TcpJsonRpc { .. } => "websocket",
+            Self::Relay { plain: false, .. } => "websocket-out",
+            Self::Relay { plain: true, .. } => "websocket-out-plain",
+            Self::Stdio { .. } => "stdio",
+            Self::Unix { .. } => "unix",
+        }
+    }
+
+    /// The protocol it speaks, as audit entries name it.
+    pub fn profile(&self) -> &'static str {
+        match self {
+            Self::Tcp { .. } | Self::Relay { jsonrpc: false, .. } => "relay.v1",
+            Self::TcpJsonRpc { .. }
+            | Self::Relay { jsonrpc: true, .. }
+            | Self::Stdio { .. }
+            | Self::Unix { .. } => portcullis_wire::envproto::PROTOCOL,
+        }
+    }
+}
+
 /// `sessions --json` and the admin API show a peer as its display text.
 impl serde::Serialize for Peer {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

@@ -15,7 +15,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
-use portcullis_policy::{ApprovalPolicy, Denial, Policy, Terms, Verdict, decide};
+use portcullis_policy::{ApprovalPolicy, Capability, Denial, Policy, Terms, Verdict, decide};
 use portcullis_store::{
     Decision as AuditDecision, Kind, Record as AuditRecord, RequestContext as AuditContext, Status,
 };
@@ -252,14 +252,33 @@ impl Session {
         })
     }
 
-    /// The entry every request starts from.
-    pub(super) fn audit_record(&self, request: &Request) -> AuditRecord {
+    /// What every request entry of this session says of where it came
+    /// from: the session, its peer and principal, the gateway run.
+    pub(super) fn session_record(&self) -> AuditRecord {
         AuditRecord {
             kind: Kind::Request,
             started_at: jiff::Timestamp::now().to_string(),
             connection: Some(self.info.id),
             peer: Some(self.info.peer.to_string()),
             principal: Some(self.principal.clone()),
+            connection_id: Some(
+                self.relay_connection
+                    .clone()
+                    .unwrap_or_else(|| self.info.id.to_string()),
+            ),
+            client_id: Some(self.gateway.config.provider_id.clone()),
+            provider_id: Some(self.gateway.config.provider_id.clone()),
+            instance_id: Some(self.gateway.instance_id.clone()),
+            transport: Some(self.info.peer.transport().to_string()),
+            profile: Some(self.info.peer.profile().to_string()),
+            ..AuditRecord::default()
+        }
+    }
+
+    /// The entry every request starts from.
+    pub(super) fn audit_record(&self, request: &Request) -> AuditRecord {
+        let capability = portcullis_policy::capability_of(&request.method);
+        AuditRecord {
             request_id: Some(request.id.to_string()),
             method: Some(request.method.clone()),
             context: request.context.as_ref().map(|c| AuditContext {
@@ -269,15 +288,11 @@ impl Session {
                 workspace_id: c.workspace_id.clone(),
             }),
             policy_generation: Some(self.gateway.current_policy().generation.clone()),
-            connection_id: Some(
-                self.relay_connection
-                    .clone()
-                    .unwrap_or_else(|| self.info.id.to_string()),
-            ),
-            client_id: Some(self.gateway.config.provider_id.clone()),
-            capability: portcullis_policy::capability_of(&request.method)
-                .map(|c| c.as_str().to_string()),
-            ..AuditRecord::default()
+            capability: capability.map(|c| c.as_str().to_string()),
+            target_id: (capability == Some(Capability::Shell))
+                .then(|| portcullis_wire::envproto::TARGET_ID.to_string()),
+            resource_id: entry::resource_of(&request.params),
+            ..self.session_record()
         }
     }
 
@@ -287,6 +302,7 @@ impl Session {
         record.completed_at = Some(jiff::Timestamp::now().to_string());
         record.status = Some(Status::Failed);
         record.error_code = Some(code_name(code));
+        record.error_name = Some(entry::error_name(code, None).to_string());
         let served = record
             .method
             .as_deref()

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use portcullis_policy::{Summary, summary};
-use portcullis_store::{Health, Kind, Record as AuditRecord};
+use portcullis_store::{Health, Record as AuditRecord};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
@@ -506,14 +506,9 @@ impl Session {
                 let salvaged =
                     frame::salvage_request_id(json).filter(|id| !self.in_flight.contains_key(id));
                 let record = AuditRecord {
-                    kind: Kind::Request,
-                    started_at: jiff::Timestamp::now().to_string(),
-                    connection: Some(self.info.id),
-                    peer: Some(self.info.peer.to_string()),
-                    principal: Some(self.principal.clone()),
                     request_id: salvaged.as_ref().map(ToString::to_string),
                     detail: Some(e.to_string().chars().take(300).collect()),
-                    ..AuditRecord::default()
+                    ..self.session_record()
                 };
                 // Short of room for frames in parts is the gateway's
                 // state, not the peer's mistake.

@@ -48,6 +48,9 @@ pub enum Status {
     /// request's start entry and its answer: whether its effect happened
     /// is unknown. Written when the log is next opened.
     Interrupted,
+    /// The request named a process or terminal session of an earlier run
+    /// of the gateway, which ended with that run (the 0.92 spec's `lost`).
+    Lost,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,6 +159,40 @@ pub struct Record {
     pub tool_call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_decision: Option<Decision>,
+
+    // The 0.92 spec's `EnvironmentAuditEntry` (ya-environment-protocol.v1,
+    // 04-security-and-policy.md) by its names, on request entries of
+    // either profile alike.
+    /// The gateway's `provider_id` (the same as `client_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    /// The gateway run that served it (its hello's `instance_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    /// The roots (mounts) it named.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mount_ids: Vec<String>,
+    /// Where a command ran: `local` (this host, in the grant's sandbox).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_id: Option<String>,
+    /// The process, session, watch or resource it made or acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_id: Option<String>,
+    /// The error's name in the 0.92 profile (`permission_denied`,
+    /// `process_lost`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_name: Option<String>,
+    /// Output was cut or dropped (a command's streams past their limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_truncated: Option<bool>,
+    /// How the peer reached the gateway: `websocket` (dialed in),
+    /// `websocket-out` (dialed out, Noise), `websocket-out-plain`, `stdio`
+    /// or `unix`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
+    /// The protocol it spoke: `relay.v1` or `ya-environment-protocol.v1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 impl Record {

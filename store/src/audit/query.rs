@@ -182,6 +182,10 @@ pub struct Filter {
     pub session: Option<String>,
     pub tool_call: Option<String>,
     pub connection: Option<String>,
+    /// How the peer came (`stdio`, `unix`, `websocket`, …) and what it
+    /// spoke (`relay.v1`, `ya-environment-protocol.v1`).
+    pub transport: Option<String>,
+    pub profile: Option<String>,
     pub limit: usize,
 }
 
@@ -198,6 +202,8 @@ impl Default for Filter {
             session: None,
             tool_call: None,
             connection: None,
+            transport: None,
+            profile: None,
             limit: 100,
         }
     }
@@ -239,6 +245,14 @@ impl Filter {
                 r.connection_id.as_deref() == Some(c)
                     || r.connection.is_some_and(|n| n.to_string() == c)
             })
+            && self
+                .transport
+                .as_deref()
+                .is_none_or(|t| r.transport.as_deref() == Some(t))
+            && self
+                .profile
+                .as_deref()
+                .is_none_or(|p| r.profile.as_deref() == Some(p))
     }
 }
 

@@ -11,6 +11,7 @@
 
 pub mod codes;
 pub mod lsp;
+pub mod schema;
 pub mod translate;
 
 #[cfg(test)]

@@ -64,7 +64,8 @@ enum Shape {
     List {
         sessions: bool,
     },
-    Input {
+    /// The relay result as it is, naming a terminal by `session_id`.
+    Handle {
         session: bool,
     },
     Kill {
@@ -543,8 +544,8 @@ impl Translator {
                 p.remove("persistence");
                 ("shell.start", Shape::Started { session: true })
             }
-            "process.input" => ("shell.input", Shape::Input { session: false }),
-            "shell_session.input" => ("shell.input", Shape::Input { session: true }),
+            "process.input" => ("shell.input", Shape::Handle { session: false }),
+            "shell_session.input" => ("shell.input", Shape::Handle { session: true }),
             "shell_session.exec" => {
                 let command = p.remove("command");
                 let line = match command {
@@ -552,12 +553,12 @@ impl Translator {
                     _ => String::new(),
                 };
                 p.insert("data".into(), json!(line));
-                ("shell.input", Shape::Input { session: true })
+                ("shell.input", Shape::Handle { session: true })
             }
             "process.close_stdin" => {
                 p.insert("data".into(), json!(""));
                 p.insert("eof".into(), json!(true));
-                ("shell.input", Shape::Input { session: false })
+                ("shell.input", Shape::Handle { session: false })
             }
             "process.signal" => {
                 if let Some(n) = p.get("signal").and_then(Value::as_u64)
@@ -569,7 +570,7 @@ impl Translator {
             }
             "process.kill" => ("shell.cancel", Shape::Kill { session: false }),
             "shell_session.close" => ("shell.cancel", Shape::Kill { session: true }),
-            "shell_session.resize" => ("shell.resize", Shape::Same),
+            "shell_session.resize" => ("shell.resize", Shape::Handle { session: true }),
             "process.wait" => {
                 if let Some(wait) = p.remove("timeout_ms") {
                     p.insert("wait_ms".into(), wait);
@@ -1097,7 +1098,7 @@ fn reshape(shape: Shape, mut result: Value, collected: Option<Collected>) -> Val
             result
         }
         Shape::Started { .. } => result,
-        Shape::Input { session } => {
+        Shape::Handle { session } => {
             if session {
                 rename_value(&mut result, "process_id", "session_id");
             }
@@ -1214,7 +1215,7 @@ fn error_message(rpc_id: Value, call: &Call, error: &ErrorBody) -> Value {
         Shape::Started { session: true }
             | Shape::Collect { session: true }
             | Shape::Status { session: true }
-            | Shape::Input { session: true }
+            | Shape::Handle { session: true }
             | Shape::Kill { session: true }
     );
     let name = match (lost, session) {
