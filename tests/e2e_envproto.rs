@@ -135,6 +135,8 @@ struct Rpc {
     /// Notifications (and requests) received while waiting for answers.
     notes: Vec<Value>,
     next: u64,
+    /// Sent in the answer to `initialize` (the socket's second factor).
+    token: Option<String>,
 }
 
 impl Rpc {
@@ -151,6 +153,7 @@ impl Rpc {
             child,
             notes: Vec::new(),
             next: 0,
+            token: None,
         }
     }
 
@@ -193,6 +196,17 @@ impl Rpc {
         );
         rpc.noise = Some((ws, transport));
         rpc
+    }
+
+    /// [`unix`](Self::unix) once the (re)started daemon has made the socket.
+    async fn unix_when_ready(path: &std::path::Path) -> Self {
+        for _ in 0..200 {
+            if tokio::net::UnixStream::connect(path).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self::unix(path).await
     }
 
     async fn unix(path: &std::path::Path) -> Self {
@@ -347,6 +361,10 @@ impl Rpc {
             "accepted_capabilities": ["fileops", "shell", "process", "shell_session", "resources"],
             "server_time": "2026-06-15T12:00:00Z",
             "policy": {"grant_id": "grant_abc", "accepted_mount_ids": ["main"], "accepted_target_ids": ["local"]}}});
+        let mut answer = answer;
+        if let Some(token) = &self.token {
+            answer["result"]["token"] = json!(token);
+        }
         self.send(&answer).await;
         // What the session tells first (processes an earlier run lost)
         // may come before `provider.online`.
@@ -461,6 +479,60 @@ async fn the_same_client_over_the_environment_socket_of_a_running_daemon() {
         .await;
     drop(again);
 
+    // A policy change is told in this profile's terms.
+    let mut watcher = Rpc::unix(&socket).await;
+    watcher.initialize().await;
+    reload(
+        &gateway,
+        &policy.replace("fileops = { main = \"rw\" }", "fileops = { main = \"ro\" }"),
+    )
+    .await;
+    let updated = loop {
+        let message = watcher.recv().await;
+        if message["params"]["event"] == "capability.updated" {
+            break message;
+        }
+    };
+    conforms("$/event", "params", &updated["params"]);
+    let mounts = &updated["params"]["payload"]["capabilities"]["fileops"]["mounts"];
+    assert_eq!(mounts[0]["mode"], "ro", "{updated}");
+    let caps = watcher.ok("provider.capabilities", json!({})).await;
+    assert_eq!(caps["capabilities"]["fileops"]["mounts"], *mounts);
+    drop(watcher);
+    reload(&gateway, &policy).await;
+
+    // A principal with a token_hash proves the token in initialize too.
+    let token = "socket-second-factor-0123456789";
+    let hash = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()));
+    let with_token = policy.replace(
+        &format!("unix_uid = {uid}"),
+        &format!("unix_uid = {uid}\ntoken_hash = \"sha256:{hash}\""),
+    );
+    reload(&gateway, &with_token).await;
+    for wrong in [None, Some("not-the-token")] {
+        let mut rpc = Rpc::unix(&socket).await;
+        rpc.token = wrong.map(str::to_string);
+        let init = rpc.recv().await;
+        let mut answer = json!({"jsonrpc": "2.0", "id": init["id"], "result": {"accepted_capabilities": ["fileops"]}});
+        if let Some(wrong) = wrong {
+            answer["result"]["token"] = json!(wrong);
+        }
+        rpc.send(&answer).await;
+        let goodbye = rpc.recv().await;
+        assert_eq!(goodbye["params"]["event"], "provider.revoked", "{goodbye}");
+        assert!(rpc.read().await.is_none(), "closed without its token");
+    }
+    let mut proven = Rpc::unix(&socket).await;
+    proven.token = Some(token.to_string());
+    proven.initialize().await;
+    proven
+        .ok(
+            "file.stat",
+            json!({"mount_id": "main", "path": "notes/a.txt"}),
+        )
+        .await;
+    drop(proven);
+
     // A user no principal names is refused before any session.
     reload(
         &gateway,
@@ -477,13 +549,14 @@ async fn the_same_client_over_the_environment_socket_of_a_running_daemon() {
 
     // A security event is written beside the refusal, not before it:
     // wait for it.
-    let refusal_logged = |entries: &[Value]| {
+    let refused_for = |entries: &[Value], why: &str| {
         entries.iter().any(|e| {
-            e["event"] == "auth_refused"
-                && e["detail"]
-                    .as_str()
-                    .is_some_and(|d| d.contains("no principal has unix_uid"))
+            e["event"] == "auth_refused" && e["detail"].as_str().is_some_and(|d| d.contains(why))
         })
+    };
+    let refusal_logged = |entries: &[Value]| {
+        refused_for(entries, "no principal has unix_uid")
+            && refused_for(entries, "did not carry its token")
     };
     let mut entries = Vec::new();
     for _ in 0..50 {
@@ -499,7 +572,32 @@ async fn the_same_client_over_the_environment_socket_of_a_running_daemon() {
     }
     assert!(refusal_logged(&entries), "no auth_refused entry");
     all_audited(&entries, "unix v1-jsonrpc (uid ");
+
+    // A handle from before the daemon crashed is lost, over the socket too;
+    // the socket is made again (a stale one replaced) on each start.
+    gateway.write_policy(&policy);
     gateway.restart();
+    let mut rpc = Rpc::unix_when_ready(&socket).await;
+    rpc.initialize().await;
+    let started = rpc
+        .ok("process.start", json!({"command": "sleep 30"}))
+        .await;
+    drop(rpc);
+    gateway.crash_and_restart();
+    let mut rpc = Rpc::unix_when_ready(&socket).await;
+    rpc.initialize().await;
+    let lost = rpc
+        .call("process.wait", json!({"process_id": started["process_id"]}))
+        .await;
+    assert_eq!(error_name(&lost), "process_lost", "{lost}");
+    assert!(
+        rpc.notes
+            .iter()
+            .any(|n| n["params"]["event"] == "process.lost"
+                && n["params"]["payload"]["process_id"] == started["process_id"]),
+        "{:#?}",
+        rpc.notes
+    );
 }
 
 #[tokio::test]

@@ -67,12 +67,13 @@ async fn serve(gateway: Arc<Gateway>, daemon: Daemon, principal: String) -> Exit
         parent: std::os::unix::process::parent_id(),
     };
     info!(%principal, "serving ya-environment-protocol.v1 on standard input and output");
+    let identity = session::Identity::Configured { principal };
     let mut session = pin!(session::envproto(
         gateway.clone(),
         source,
         sink,
         peer,
-        principal
+        identity
     ));
     loop {
         tokio::select! {

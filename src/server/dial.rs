@@ -305,7 +305,8 @@ where
         (None, true) => Box::pin(session::envproto_over_websocket(gateway, ws, peer)),
         (Some(principal), true) => Box::pin(async move {
             let (source, sink) = portcullis_wire::envproto::split_text(ws);
-            session::envproto(gateway, source, sink, peer, principal).await;
+            let identity = session::Identity::Configured { principal };
+            session::envproto(gateway, source, sink, peer, identity).await;
             true
         }),
     }

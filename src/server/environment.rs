@@ -62,12 +62,13 @@ pub async fn serve(gateway: Arc<Gateway>, listener: UnixListener, path: std::pat
         let (read, write) = stream.into_split();
         let source = LspReader::new(BufReader::new(read), max);
         let sink = LspWriter::new(BufWriter::new(write));
+        let identity = session::Identity::LocalUser { principal, uid };
         tokio::spawn(session::envproto(
             gateway.clone(),
             source,
             sink,
             peer,
-            principal,
+            identity,
         ));
     }
     let _ = std::fs::remove_file(&path);

@@ -32,8 +32,13 @@ pub enum Identity {
         credentials: zeroize::Zeroizing<Vec<u8>>,
     },
     /// The plain profile: the principal the operator configured for the
-    /// endpoint, whose TLS certificate the gateway checked.
+    /// endpoint, whose TLS certificate the gateway checked; and stdio's
+    /// parent process.
     Configured { principal: String },
+    /// A process on this host, on the environment socket: the principal
+    /// whose `unix_uid` is its user. A principal that also has a
+    /// `token_hash` must present that token in `initialize` as well.
+    LocalUser { principal: String, uid: u32 },
 }
 
 impl Identity {
@@ -42,6 +47,7 @@ impl Identity {
         match self {
             Self::Noise { client_key, .. } => format!("key {}", client_key.fingerprint()),
             Self::Configured { principal } => format!("configured principal {principal}"),
+            Self::LocalUser { principal, uid } => format!("uid {uid} as {principal}"),
         }
     }
 }
@@ -94,12 +100,11 @@ pub async fn envproto<S, K>(
     source: S,
     sink: K,
     peer: Peer,
-    principal: String,
+    identity: Identity,
 ) where
     S: portcullis_wire::envproto::MessageSource,
     K: portcullis_wire::envproto::MessageSink + 'static,
 {
-    let identity = Identity::Configured { principal };
     envproto_session(gateway, source, sink, peer, identity, Instant::now()).await;
 }
 
@@ -228,7 +233,7 @@ pub(super) fn authenticate(policy: &Policy, identity: &Identity) -> Result<Strin
             client_key,
             credentials,
         } => (client_key, credentials),
-        Identity::Configured { principal } => {
+        Identity::Configured { principal } | Identity::LocalUser { principal, .. } => {
             principal_status(policy, principal, jiff::Timestamp::now())
                 .map_err(|(_, rule)| AuthError::NotActive(rule))?;
             return Ok(principal.clone());

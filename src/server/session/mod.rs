@@ -84,6 +84,9 @@ pub async fn run<R, W>(
     let limits = gateway.config.limits;
     let mut writer = accepted.writer;
     let policy = gateway.current_policy();
+    // A local user whose principal has a token proves it in `initialize`
+    // too (the 0.92 spec's socket profile: OS access control plus token).
+    let token_due = matches!(accepted.identity, Identity::LocalUser { .. });
     let principal = match authenticate(&policy, &accepted.identity) {
         Ok(principal) => principal,
         Err(why) => {
@@ -103,6 +106,11 @@ pub async fn run<R, W>(
         );
         return writer.close(true, STOPPED).await;
     }
+    let token_due = token_due
+        && policy
+            .principals
+            .iter()
+            .any(|p| p.id == principal && p.token_sha256.is_some());
     let granted = summary(&policy, &principal, jiff::Timestamp::now());
     if granted_names(&granted).is_empty() {
         // The same rule that closes a session whose grants were all revoked.
@@ -162,6 +170,7 @@ pub async fn run<R, W>(
         output: OutputForm::Frames,
         parts: record::Assembler::sharing(gateway.config.limits.max_frame, gateway.parts.clone()),
         relay_connection: None,
+        token_due,
         awaiting_runtime: to_runtime::AwaitingRuntime::new(),
         tools,
         granted,
@@ -212,6 +221,9 @@ struct Session {
     /// The runtime's id for this connection (`relay.accepted`'s
     /// `connection_id`), for audit entries.
     relay_connection: Option<String>,
+    /// The principal's token must come with `relay.accepted` (the 0.92
+    /// profile's `initialize`) before anything else is served.
+    token_due: bool,
     /// Requests sent to the runtime, until it answers them.
     awaiting_runtime: to_runtime::AwaitingRuntime,
     granted: Summary,
@@ -363,7 +375,9 @@ impl Session {
                         // Ids freed by answers already sent first: the peer
                         // may reuse one in this record.
                         self.drain_inbox(&mut done_rx, &done_tx, draining).await;
-                        self.handle_record(plaintext, &done_tx, draining).await;
+                        if let Some(ending) = self.handle_record(plaintext, &done_tx, draining).await {
+                            break ending;
+                        }
                         // Answers sent meanwhile free their ids here, not
                         // in a turn of their own.
                         self.drain_inbox(&mut done_rx, &done_tx, draining).await;
@@ -464,13 +478,19 @@ impl Session {
         .await;
     }
 
-    async fn handle_record(&mut self, plaintext: Vec<u8>, done: &InboxSender, draining: bool) {
+    /// Handles one record; `Some` when the session must end.
+    async fn handle_record(
+        &mut self,
+        plaintext: Vec<u8>,
+        done: &InboxSender,
+        draining: bool,
+    ) -> Option<Ending> {
         // Chunk data travels on as a slice of the record, not a copy.
         let plaintext = Bytes::from(plaintext);
         let joined;
         let (decoded, json) = match record::decode(&plaintext) {
             Ok(Record::Part(part)) => match self.parts.push(part) {
-                None => return,
+                None => return None,
                 Some(Ok(json)) => {
                     joined = json;
                     let frame = frame::decode_frame(&joined).map_err(RecordError::from);
@@ -482,7 +502,7 @@ impl Session {
         };
         match decoded {
             Ok(Record::Frame(Frame::Request(request))) => {
-                self.handle_request(request, done, draining).await
+                self.handle_request(request, done, draining).await;
             }
             Ok(Record::Frame(Frame::Cancel(cancel))) => {
                 if let Some(running) = self.in_flight.get(&cancel.id) {
@@ -494,12 +514,12 @@ impl Session {
             Ok(Record::Frame(Frame::Ping(beat))) => self.send(Frame::Pong(beat)).await,
             Ok(Record::Frame(Frame::Response(response))) => self.runtime_answered(response),
             Ok(Record::Frame(Frame::Event(event))) if event.event == "relay.accepted" => {
-                self.accept(&event.payload).await
+                return self.accept(&event.payload).await;
             }
             Ok(Record::Frame(other)) => debug!(session = self.info.id, "ignored frame: {other:?}"),
             Ok(Record::Chunk(chunk)) => {
                 let data = plaintext.slice_ref(chunk.data);
-                self.route_chunk(chunk, data).await
+                self.route_chunk(chunk, data).await;
             }
             Ok(Record::Part(_)) => {}
             Err(e) => {
@@ -529,6 +549,7 @@ impl Session {
                 }
             }
         }
+        None
     }
 
     /// Hands a chunk to the request whose input it is. Waiting here while
@@ -559,19 +580,40 @@ impl Session {
         .await;
     }
 
-    async fn accept(&mut self, payload: &Value) {
+    /// `relay.accepted`: what the runtime accepts. `Some` when it ends the
+    /// session (a token that was due and not given).
+    async fn accept(&mut self, payload: &Value) -> Option<Ending> {
+        if self.token_due {
+            let policy = self.gateway.current_policy();
+            let proven = payload
+                .get("token")
+                .and_then(Value::as_str)
+                .and_then(|token| portcullis_policy::principal_by_token(&policy, token))
+                .is_some_and(|p| p.id == self.principal);
+            if !proven {
+                let detail = format!(
+                    "peer {}: principal {} has a token_hash, and initialize did not carry its token",
+                    self.info.peer, self.principal
+                );
+                warn!(session = self.info.id, "authentication refused: {detail}");
+                self.gateway
+                    .security_event("auth_refused", Some(&self.principal), detail);
+                return Some(self.end(ErrorCode::PermissionDenied, "authentication failed", true));
+            }
+            self.token_due = false;
+        }
         let Some(names) = payload
             .get("accepted_capabilities")
             .and_then(Value::as_array)
         else {
             let message =
                 "relay.accepted needs payload.accepted_capabilities, an array of capability names";
-            return self
-                .event(
-                    "relay.error",
-                    json!({"code": "invalid_request", "message": message}),
-                )
-                .await;
+            self.event(
+                "relay.error",
+                json!({"code": "invalid_request", "message": message}),
+            )
+            .await;
+            return None;
         };
         self.output = match payload.get("output").and_then(Value::as_str) {
             Some("chunks") => OutputForm::Chunks,
@@ -624,6 +666,7 @@ impl Session {
         for event in first {
             self.event(&event.event, event.payload).await;
         }
+        None
     }
 }
 

@@ -57,7 +57,7 @@ fn ready() -> Translator {
     let accepted = inbound(
         &mut t,
         json!({"jsonrpc": "2.0", "id": "initialize", "result": {"accepted_protocol": "ya-environment-protocol.v1",
-            "connection_id": "conn_1", "accepted_capabilities": ["fileops", "shell", "process", "shell_session", "resources"]}}),
+            "connection_id": "conn_1", "token": "tok-1", "accepted_capabilities": ["fileops", "shell", "process", "shell_session", "resources"]}}),
     );
     let Frame::Event(event) = &accepted[0] else {
         panic!("{accepted:?}")
@@ -68,6 +68,8 @@ fn ready() -> Translator {
         json!(["fileops", "shell", "resources"])
     );
     assert_eq!(event.payload["connection_id"], "conn_1");
+    // For the session to check, where its transport asks for a token.
+    assert_eq!(event.payload["token"], "tok-1");
     assert_eq!(event.payload["output"], "frames");
     // provider.online, in order, when the session's pong passes.
     let online = pong(&mut t, &accepted[1]);
@@ -885,4 +887,47 @@ async fn a_flush_is_kept_when_the_frame_that_asks_for_it_says_nothing() {
     let seen = sink.0.lock().unwrap();
     assert_eq!(seen.0.len(), 1);
     assert_eq!(seen.1, 1);
+}
+
+#[test]
+fn a_policy_change_is_told_in_the_profile_s_terms_with_mounts_offline_and_online() {
+    let mut t = ready();
+    let caps = json!({
+        "fileops": {"enabled": true, "generation": "00000000000900000000",
+                    "roots": [{"root_id": "main", "label": "main", "virtual_path": "/workspace/main", "mode": "ro", "follow_symlinks": false},
+                              {"root_id": "data", "label": "data", "virtual_path": "/data", "mode": "rw", "follow_symlinks": false}]},
+        "resources": {"enabled": true}
+    });
+    let said = out(
+        &mut t,
+        &Frame::Event(crate::frame::Event {
+            event: "capability.updated".into(),
+            payload: json!({"capability": "fileops", "state": "changed", "capabilities": caps}),
+        }),
+    );
+    let events: Vec<&str> = said
+        .iter()
+        .map(|m| m["params"]["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        events,
+        ["mount.offline", "mount.online", "capability.updated"]
+    );
+    assert_eq!(said[0]["params"]["payload"]["mount_id"], "docs");
+    assert_eq!(said[1]["params"]["payload"]["mount_id"], "data");
+    assert_eq!(said[1]["params"]["payload"]["generation"], 9);
+    let updated = &said[2]["params"]["payload"];
+    assert_eq!(updated["capability"], "fileops");
+    let mounts = updated["capabilities"]["fileops"]["mounts"]
+        .as_array()
+        .unwrap();
+    assert_eq!(mounts.len(), 2, "{updated}");
+    assert_eq!(mounts[0]["mode"], "ro");
+    // The shell was taken away: no target is offered any more, and
+    // provider.capabilities says the same from now on.
+    assert!(updated["capabilities"].get("shell").is_none(), "{updated}");
+    assert_eq!(
+        t.capabilities()["fileops"],
+        updated["capabilities"]["fileops"]
+    );
 }

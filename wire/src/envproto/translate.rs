@@ -362,17 +362,18 @@ impl Translator {
                 message,
             });
         }
-        let mut records = self.accepted(
-            params.get("accepted_capabilities"),
-            params.get("connection_id"),
-        );
+        let mut records = self.accepted(&Value::Object(params.clone()));
         records.extend(self.local(Local::Initialize { rpc_id }));
         records
     }
 
-    /// `relay.accepted` for what the runtime accepts (everything offered
-    /// when it does not say), then `provider.online`.
-    fn accepted(&mut self, names: Option<&Value>, connection_id: Option<&Value>) -> Vec<Vec<u8>> {
+    /// `relay.accepted` for what the runtime's initialize (its answer, or
+    /// its own request's params) accepts — everything offered when it does
+    /// not say —, with its `connection_id` and `token` (the session checks
+    /// a token where its transport asks for one), then `provider.online`.
+    fn accepted(&mut self, initialize: &Value) -> Vec<Vec<u8>> {
+        let names = initialize.get("accepted_capabilities");
+        let connection_id = initialize.get("connection_id");
         let offered = self.offered();
         let mut relay: Vec<String> = Vec::new();
         let mut accepted = Vec::new();
@@ -402,6 +403,9 @@ impl Translator {
         let mut payload = json!({"accepted_capabilities": relay, "output": "frames"});
         if let Some(id) = connection_id.and_then(Value::as_str) {
             payload["connection_id"] = json!(id);
+        }
+        if let Some(token) = initialize.get("token").and_then(Value::as_str) {
+            payload["token"] = json!(token);
         }
         let event = Event {
             event: "relay.accepted".into(),
@@ -436,10 +440,7 @@ impl Translator {
                 ));
             }
             let result = object.remove("result").unwrap_or(Value::Null);
-            return Ok(self.accepted(
-                result.get("accepted_capabilities"),
-                result.get("connection_id"),
-            ));
+            return Ok(self.accepted(&result));
         }
         if self.session_pings.remove(&key) {
             let pong = Heartbeat {
@@ -666,7 +667,7 @@ impl Translator {
     }
 
     /// `initialize`'s `capabilities`, from the session's hello.
-    fn capabilities(&self) -> Map<String, Value> {
+    pub(super) fn capabilities(&self) -> Map<String, Value> {
         let mut caps = Map::new();
         let Some(hello) = &self.hello else {
             return caps;
@@ -996,6 +997,45 @@ impl Translator {
                     "$/event",
                     json!({"event": "mount.changed", "payload": payload}),
                 )]
+            }
+            // A policy change: the descriptor in this profile's terms, and
+            // each mount it took away or added.
+            "capability.updated" => {
+                let before = self.mounts();
+                if let (Some(hello), Some(Value::Object(caps))) =
+                    (self.hello.as_mut(), event.payload.get("capabilities"))
+                {
+                    hello.capabilities = caps.clone();
+                }
+                let after = self.mounts();
+                let generation = self.generation();
+                let mut said = Vec::new();
+                for (id, path) in &before {
+                    if !after.iter().any(|(other, _)| other == id) {
+                        let payload = json!({"mount_id": id, "virtual_path": path, "generation": generation, "reason": "policy"});
+                        said.push(rpc_notification(
+                            "$/event",
+                            json!({"event": "mount.offline", "payload": payload}),
+                        ));
+                    }
+                }
+                for (id, path) in &after {
+                    if !before.iter().any(|(other, _)| other == id) {
+                        let payload =
+                            json!({"mount_id": id, "virtual_path": path, "generation": generation});
+                        said.push(rpc_notification(
+                            "$/event",
+                            json!({"event": "mount.online", "payload": payload}),
+                        ));
+                    }
+                }
+                let mut payload = event.payload;
+                payload["capabilities"] = Value::Object(self.capabilities());
+                said.push(rpc_notification(
+                    "$/event",
+                    json!({"event": "capability.updated", "payload": payload}),
+                ));
+                said
             }
             "process.lost" => {
                 let mut payload = event.payload;
