@@ -171,6 +171,16 @@ enum Command {
     Resume(cli::admin::Socket),
     /// Connect to a gateway and print its hello.
     Connect(cli::connect::Target),
+    /// Serve the MCP (Model Context Protocol) on standard input and output
+    /// in front of a gateway: its grants as MCP tools, its roots as
+    /// resources. For an MCP client's configuration (docs/MCP.md).
+    #[command(
+        after_help = "Each MCP tool call is one request of this client's principal: \
+        decided by the gateway's policy and written to its audit log (tool_call_id mcp-ID). \
+        Standard output carries MCP only; messages go to standard error.\n\nExample:\n  \
+        portcullis mcp ws://127.0.0.1:7443 --gateway-key KEY --identity agent.key"
+    )]
+    Mcp(cli::connect::Target),
     /// Connect to a gateway and measure relay ping round trips.
     Ping {
         #[command(flatten)]
@@ -397,6 +407,7 @@ fn main() -> ExitCode {
             cli::serve::websocket(&config, &keys)
         }
         Command::Connect(target) => cli::connect::connect(target),
+        Command::Mcp(target) => cli::mcp::mcp(target),
         Command::Status(socket) => cli::admin::status(&socket),
         Command::Metrics(socket) => cli::admin::metrics(&socket),
         Command::Audit {

@@ -8,6 +8,7 @@ pub mod demo;
 pub mod doctor;
 pub mod files;
 pub mod keys;
+pub mod mcp;
 pub mod policy;
 pub mod serve;
 pub mod shell;

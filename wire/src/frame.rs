@@ -68,6 +68,51 @@ pub struct Hello {
     pub capabilities: Map<String, Value>,
 }
 
+/// A root a hello announces (`capabilities.fileops.roots`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnnouncedRoot {
+    pub root_id: String,
+    pub label: String,
+    pub virtual_path: String,
+    /// `ro` or `rw`.
+    pub mode: String,
+    pub follow_symlinks: bool,
+}
+
+impl Hello {
+    /// The roots its capabilities announce, in order; an entry without an
+    /// id or a virtual path is passed over.
+    pub fn roots(&self) -> Vec<AnnouncedRoot> {
+        announced_roots(&self.capabilities)
+    }
+}
+
+/// [`Hello::roots`] of a hello's `capabilities` (or a
+/// `capability.updated` event's).
+pub fn announced_roots(capabilities: &Map<String, Value>) -> Vec<AnnouncedRoot> {
+    let Some(roots) = capabilities
+        .get("fileops")
+        .and_then(|f| f.get("roots"))
+        .and_then(Value::as_array)
+    else {
+        return Vec::new();
+    };
+    roots
+        .iter()
+        .filter_map(|r| {
+            let text = |field: &str| r.get(field).and_then(Value::as_str).map(str::to_string);
+            let root_id = text("root_id")?;
+            Some(AnnouncedRoot {
+                label: text("label").unwrap_or_else(|| root_id.clone()),
+                virtual_path: text("virtual_path")?,
+                mode: text("mode").unwrap_or_else(|| "ro".into()),
+                follow_symlinks: r.get("follow_symlinks").and_then(Value::as_bool) == Some(true),
+                root_id,
+            })
+        })
+        .collect()
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub event: String,

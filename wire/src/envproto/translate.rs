@@ -635,26 +635,11 @@ impl Translator {
 
     /// The mounts the hello announced: `(root_id, virtual_path)`.
     fn mounts(&self) -> Vec<(String, String)> {
-        let Some(hello) = &self.hello else {
-            return Vec::new();
-        };
-        hello
-            .capabilities
-            .get("fileops")
-            .and_then(|f| f.get("roots"))
-            .and_then(Value::as_array)
-            .map(|roots| {
-                roots
-                    .iter()
-                    .filter_map(|r| {
-                        Some((
-                            r.get("root_id")?.as_str()?.to_string(),
-                            r.get("virtual_path")?.as_str()?.to_string(),
-                        ))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.hello
+            .iter()
+            .flat_map(Hello::roots)
+            .map(|r| (r.root_id, r.virtual_path))
+            .collect()
     }
 
     /// The capability names offered, in this profile's terms.
@@ -673,29 +658,24 @@ impl Translator {
             return caps;
         };
         let relay = &hello.capabilities;
-        if let Some(fileops) = relay.get("fileops") {
+        if relay.contains_key("fileops") {
             let generation = self.generation();
-            let mounts: Vec<Value> = fileops
-                .get("roots")
-                .and_then(Value::as_array)
-                .map(|roots| {
-                    roots
-                        .iter()
-                        .map(|r| {
-                            json!({
-                                "mount_id": r.get("root_id"),
-                                "label": r.get("label"),
-                                "virtual_path": r.get("virtual_path"),
-                                "mode": r.get("mode"),
-                                "state": "online",
-                                "generation": generation,
-                                "follow_symlinks": r.get("follow_symlinks").cloned().unwrap_or(json!(false)),
-                                "watch_supported": true,
-                            })
-                        })
-                        .collect()
+            let mounts: Vec<Value> = hello
+                .roots()
+                .into_iter()
+                .map(|r| {
+                    json!({
+                        "mount_id": r.root_id,
+                        "label": r.label,
+                        "virtual_path": r.virtual_path,
+                        "mode": r.mode,
+                        "state": "online",
+                        "generation": generation,
+                        "follow_symlinks": r.follow_symlinks,
+                        "watch_supported": true,
+                    })
                 })
-                .unwrap_or_default();
+                .collect();
             caps.insert("fileops".into(), json!({"enabled": true, "mounts": mounts}));
         }
         if let Some(shell) = relay.get("shell") {

@@ -1,0 +1,211 @@
+"""`portcullis mcp` driven by the official MCP Python SDK (`mcp` on PyPI):
+an independent MCP client lists a real gateway's grants as tools and calls
+each kind; refusals are tool errors with the relay code; every call is one
+audited request of the client's principal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.types import CallToolResult, TextContent, TextResourceContents
+
+from conftest import Gateway, binary
+
+
+def server(gateway: Gateway) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=str(binary()),
+        args=[
+            "mcp",
+            gateway.url,
+            "--gateway-key",
+            gateway.key,
+            "--identity",
+            str(gateway.identity),
+        ],
+        # Where the client verb remembers gateway keys: not the real HOME.
+        env={"HOME": str(gateway.dir), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+
+
+@asynccontextmanager
+async def session(gateway: Gateway) -> AsyncIterator[ClientSession]:
+    async with stdio_client(server(gateway)) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            yield s
+
+
+async def call(s: ClientSession, name: str, arguments: dict[str, Any]) -> CallToolResult:
+    result = await s.call_tool(name, arguments)
+    assert isinstance(result, CallToolResult), result
+    return result
+
+
+def text(result: CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, TextContent), block
+    return block.text
+
+
+async def test_an_mcp_client_lists_the_grants_and_calls_each_kind(gateway: Gateway) -> None:
+    async with session(gateway) as s:
+        tools = {t.name: t for t in (await s.list_tools()).tools}
+        assert set(tools) == {
+            "read_file",
+            "write_file",
+            "list_directory",
+            "stat",
+            "search_files",
+            "run_command",
+            "run_script",
+            "greet",
+        }
+        read_hints = tools["read_file"].annotations
+        assert read_hints is not None and read_hints.read_only_hint is True
+        write_hints = tools["write_file"].annotations
+        assert write_hints is not None and write_hints.destructive_hint is True
+        # The operator's tool keeps its JSON Schema.
+        assert tools["greet"].input_schema["required"] == ["name"]
+
+        wrote = await call(
+            s, "write_file", {"path": "/workspace/main/notes/a.txt", "content": "alpha\nbeta\n", "create_parents": True}
+        )
+        assert not wrote.is_error, text(wrote)
+        read = await call(s, "read_file", {"path": "/workspace/main/notes/a.txt"})
+        assert text(read) == "alpha\nbeta\n"
+        assert read.structured_content is not None and read.structured_content["size"] == 11
+        listed = await call(s, "list_directory", {"path": "/workspace/main/notes"})
+        assert listed.structured_content is not None
+        assert [e["name"] for e in listed.structured_content["entries"]] == ["a.txt"]
+        stat = await call(s, "stat", {"path": "/workspace/main/notes/a.txt"})
+        assert stat.structured_content is not None and stat.structured_content["kind"] == "file"
+        found = await call(s, "search_files", {"path": "/workspace/main", "pattern": "be.a"})
+        assert found.structured_content is not None and found.structured_content["matches"] == 1
+        ran = await call(s, "run_command", {"command": ["cat", "a.txt"], "cwd": "/workspace/main/notes"})
+        assert not ran.is_error, text(ran)
+        assert ran.structured_content is not None
+        assert ran.structured_content["exit_code"] == 0
+        assert ran.structured_content["stdout"] == "alpha\nbeta\n"
+        greeted = await call(s, "greet", {"name": "mcp"})
+        assert greeted.structured_content is not None
+        assert greeted.structured_content["value"] == "hello mcp"
+        scripted = await call(s, "run_script", {"source": "40 + 2"})
+        assert scripted.structured_content is not None and scripted.structured_content["value"] == 42
+
+        # Refusals are the gateway's, as tool errors naming the relay code.
+        refused = await call(s, "run_command", {"command": ["rm", "-rf", "/workspace/main"]})
+        assert refused.is_error and text(refused).startswith("permission_denied:"), text(refused)
+        assert refused.structured_content is not None
+        assert refused.structured_content["code"] == "permission_denied"
+        escaped = await call(s, "read_file", {"path": "/workspace/main/../../etc/passwd"})
+        assert escaped.is_error and text(escaped).startswith("permission_denied:"), text(escaped)
+        elsewhere = await call(s, "read_file", {"path": "/etc/passwd"})
+        assert elsewhere.is_error and "not under any root" in text(elsewhere)
+        bad = await call(s, "greet", {"name": 7})
+        assert bad.is_error and text(bad).startswith("invalid_request:"), text(bad)
+
+        # The roots are resources.
+        resources = (await s.list_resources()).resources
+        assert [str(r.uri) for r in resources] == ["file:///workspace/main/"]
+        content = (await s.read_resource("file:///workspace/main/notes/a.txt")).contents[0]
+        assert isinstance(content, TextResourceContents) and content.text == "alpha\nbeta\n"
+
+    # Every call that reached the gateway is one audited request of the
+    # client's principal, named by its MCP request id.
+    entries = [e for e in gateway.audit() if e.get("kind") == "request"]
+    by_mcp = [e for e in entries if str(e.get("tool_call_id", "")).startswith("mcp-")]
+    # 13 calls; the read of /etc/passwd named no root and never left.
+    assert len(by_mcp) == 12, json.dumps(by_mcp, indent=1)
+    assert len({e["tool_call_id"] for e in by_mcp}) == 12
+    assert all(e["principal"] == "alice" for e in by_mcp)
+    assert {e["method"] for e in by_mcp} >= {"file.write", "file.read", "shell.exec", "tool.call", "script.run"}
+    assert any(e["method"] == "shell.exec" and e["decision"] == "blocked" for e in by_mcp)
+
+
+async def test_a_cancelled_call_cancels_the_relay_request(gateway: Gateway) -> None:
+    async with session(gateway) as s:
+        slow = asyncio.create_task(call(s, "run_command", {"command": ["sleep", "30"]}))
+        await asyncio.sleep(1.0)
+        slow.cancel()
+        try:
+            await slow
+        except asyncio.CancelledError:
+            pass
+        # The session goes on.
+        quick = await call(s, "run_command", {"command": ["true"]})
+        assert not quick.is_error, text(quick)
+    for _ in range(50):
+        cancelled = [
+            e
+            for e in gateway.audit()
+            if e.get("kind") == "request" and e.get("method") == "shell.exec" and e.get("status") == "cancelled"
+        ]
+        if cancelled:
+            break
+        await asyncio.sleep(0.1)
+    assert cancelled, "the relay request was not cancelled"
+    assert str(cancelled[0]["tool_call_id"]).startswith("mcp-")
+
+
+async def test_the_previous_protocol_revision_is_served_too(gateway: Gateway) -> None:
+    params = server(gateway)
+    process = await asyncio.create_subprocess_exec(
+        params.command,
+        *params.args,
+        env=params.env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdin is not None and process.stdout is not None
+
+    async def exchange(message: dict[str, Any]) -> dict[str, Any] | None:
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(message).encode() + b"\n")
+        await process.stdin.drain()
+        if "id" not in message:
+            return None
+        line = await asyncio.wait_for(process.stdout.readline(), 20)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    init = await exchange(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"},
+            },
+        }
+    )
+    assert init is not None and init["result"]["protocolVersion"] == "2025-11-25", init
+    await exchange({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    listed = await exchange({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    assert listed is not None
+    assert "read_file" in {t["name"] for t in listed["result"]["tools"]}
+    # Garbage is answered, and the server goes on.
+    process.stdin.write(b"{not json\n")
+    await process.stdin.drain()
+    again = await exchange({"jsonrpc": "2.0", "id": 3, "method": "tools/list"})
+    while again is not None and again.get("id") != 3:
+        again = json.loads(await asyncio.wait_for(process.stdout.readline(), 20))
+    assert again is not None and "result" in again, again
+    # A line past the transport's 16 MiB bound is dropped, not held.
+    process.stdin.write(b"x" * (17 << 20) + b"\n")
+    await process.stdin.drain()
+    after = await exchange({"jsonrpc": "2.0", "id": 4, "method": "tools/list"})
+    while after is not None and after.get("id") != 4:
+        after = json.loads(await asyncio.wait_for(process.stdout.readline(), 20))
+    assert after is not None and "result" in after, after
+    process.stdin.close()
+    assert await asyncio.wait_for(process.wait(), 20) == 0
