@@ -58,6 +58,19 @@ pub struct RelayCall {
     /// How the result is shown as text: a file's content as it is, any
     /// other result as JSON.
     pub text_field: Option<&'static str>,
+    pub shape: Shape,
+}
+
+/// When the MCP call is answered, and with what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// The relay result, when it comes.
+    Result,
+    /// `shell.start`: answered once the process runs (its `started`
+    /// frame); the request goes on until the process ends.
+    Started,
+    /// `shell.attach`: its output gathered into the answer.
+    Output,
 }
 
 /// The principal's grants, as MCP sees them.
@@ -76,6 +89,12 @@ const BUILT_IN: &[&str] = &[
     "stat",
     "search_files",
     "run_command",
+    "start_process",
+    "read_process_output",
+    "wait_process",
+    "write_process_input",
+    "signal_process",
+    "kill_process",
     "run_script",
 ];
 
@@ -206,6 +225,64 @@ impl Catalogue {
                 hints(false, true, false, true),
             ));
         }
+        if self.shell {
+            let process_id =
+                json!({"type": "string", "description": "the process id start_process answered"});
+            list.push(tool(
+                "start_process",
+                "Start a background process",
+                "Start a program in the gateway's sandbox and answer at once with its process id; read its output with read_process_output or wait_process. It ends when this MCP server's connection does, unless the policy keeps processes.",
+                json!({"type": "object", "required": ["command"], "properties": {
+                    "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                    "cwd": path("the working directory"),
+                    "timeout_ms": {"type": "integer", "minimum": 1}}}),
+                hints(false, true, false, true),
+            ));
+            let read_schema = |wait: &str| {
+                json!({"type": "object", "required": ["process_id"], "properties": {
+                "process_id": process_id.clone(),
+                "from_seq": {"type": "integer", "minimum": 0, "description": "where to start: the next_seq an earlier read answered (default: the oldest output kept)"},
+                wait: {"type": "integer", "minimum": 0}}})
+            };
+            list.push(tool(
+                "read_process_output",
+                "Read a process's output",
+                "The output a process has written since from_seq (up to 1 MiB a stream), whether it still runs, and next_seq to read on from. With wait_ms, waits that long for the process to end first.",
+                read_schema("wait_ms"),
+                hints(true, false, true, false),
+            ));
+            list.push(tool(
+                "wait_process",
+                "Wait for a process to end",
+                "Waits up to timeout_ms (default 30 s) for the process to end; answers its exit code and output, or that it still runs.",
+                read_schema("timeout_ms"),
+                hints(true, false, true, false),
+            ));
+            list.push(tool(
+                "write_process_input",
+                "Write to a process's input",
+                "Write text to a process's standard input (or its terminal); eof closes it after.",
+                json!({"type": "object", "required": ["process_id", "data"], "properties": {
+                    "process_id": process_id.clone(), "data": {"type": "string"}, "eof": {"type": "boolean"}}}),
+                hints(false, false, false, false),
+            ));
+            list.push(tool(
+                "signal_process",
+                "Signal a process",
+                "Send a signal (TERM, INT, KILL, HUP, QUIT, USR1, USR2, STOP, CONT, WINCH) to a process and all it started.",
+                json!({"type": "object", "required": ["process_id", "signal"], "properties": {
+                    "process_id": process_id.clone(),
+                    "signal": {"enum": ["TERM", "INT", "KILL", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT", "WINCH"]}}}),
+                hints(false, true, false, false),
+            ));
+            list.push(tool(
+                "kill_process",
+                "Kill a process",
+                "End a process and everything it started.",
+                json!({"type": "object", "required": ["process_id"], "properties": {"process_id": process_id}}),
+                hints(false, true, true, false),
+            ));
+        }
         if self.scripts {
             list.push(tool(
                 "run_script",
@@ -275,6 +352,13 @@ impl Catalogue {
             method: method.to_string(),
             params,
             text_field: None,
+            shape: Shape::Result,
+        };
+        let process = |extra: &[&str]| -> Result<Map<String, Value>, CallError> {
+            let mut params = Map::new();
+            params.insert("process_id".into(), string(args, "process_id")?);
+            copy(args, &mut params, extra);
+            Ok(params)
         };
         match name {
             "read_file" if !self.roots.is_empty() => {
@@ -314,29 +398,38 @@ impl Catalogue {
                 Ok(relay("file.write", Value::Object(params)))
             }
             "run_command" if self.shell => {
-                let command = match args.get("command") {
-                    Some(Value::Array(words))
-                        if !words.is_empty() && words.iter().all(Value::is_string) =>
-                    {
-                        Value::Array(words.clone())
-                    }
-                    _ => {
-                        return Err(CallError::Arguments(
-                            "`command` is the program and its arguments, an array of strings"
-                                .into(),
-                        ));
-                    }
-                };
-                let mut params = Map::new();
-                params.insert("command".into(), command);
-                if args.contains_key("cwd") {
-                    let at = self.at(args, "cwd")?;
-                    params.insert("root_id".into(), at["root_id"].clone());
-                    params.insert("cwd".into(), at["path"].clone());
-                }
-                copy(args, &mut params, &["stdin", "timeout_ms"]);
+                let mut params = self.command(args)?;
+                copy(args, &mut params, &["stdin"]);
                 Ok(relay("shell.exec", Value::Object(params)))
             }
+            "start_process" if self.shell => Ok(RelayCall {
+                shape: Shape::Started,
+                ..relay("shell.start", Value::Object(self.command(args)?))
+            }),
+            "read_process_output" | "wait_process" if self.shell => {
+                let mut params = process(&["from_seq"])?;
+                let (field, default) = match name {
+                    "wait_process" => ("timeout_ms", 30_000),
+                    _ => ("wait_ms", 0),
+                };
+                let wait = args.get(field).cloned().unwrap_or(json!(default));
+                params.insert("wait_ms".into(), wait);
+                Ok(RelayCall {
+                    shape: Shape::Output,
+                    ..relay("shell.attach", Value::Object(params))
+                })
+            }
+            "write_process_input" if self.shell => {
+                let mut params = process(&["eof"])?;
+                params.insert("data".into(), string(args, "data")?);
+                Ok(relay("shell.input", Value::Object(params)))
+            }
+            "signal_process" if self.shell => {
+                let mut params = process(&[])?;
+                params.insert("signal".into(), string(args, "signal")?);
+                Ok(relay("shell.signal", Value::Object(params)))
+            }
+            "kill_process" if self.shell => Ok(relay("shell.cancel", Value::Object(process(&[])?))),
             "run_script" if self.scripts => {
                 let mut params = Map::new();
                 params.insert("source".into(), string(args, "source")?);
@@ -351,6 +444,31 @@ impl Catalogue {
                 None => Err(CallError::UnknownTool(other.to_string())),
             },
         }
+    }
+
+    /// A command's `command`, working directory and time limit.
+    fn command(&self, args: &Map<String, Value>) -> Result<Map<String, Value>, CallError> {
+        let command = match args.get("command") {
+            Some(Value::Array(words))
+                if !words.is_empty() && words.iter().all(Value::is_string) =>
+            {
+                Value::Array(words.clone())
+            }
+            _ => {
+                return Err(CallError::Arguments(
+                    "`command` is the program and its arguments, an array of strings".into(),
+                ));
+            }
+        };
+        let mut params = Map::new();
+        params.insert("command".into(), command);
+        if args.contains_key("cwd") {
+            let at = self.at(args, "cwd")?;
+            params.insert("root_id".into(), at["root_id"].clone());
+            params.insert("cwd".into(), at["path"].clone());
+        }
+        copy(args, &mut params, &["timeout_ms"]);
+        Ok(params)
     }
 
     /// `root_id` and `path` for the virtual path in `args[field]`.
@@ -457,6 +575,12 @@ mod tests {
                 "search_files",
                 "write_file",
                 "run_command",
+                "start_process",
+                "read_process_output",
+                "wait_process",
+                "write_process_input",
+                "signal_process",
+                "kill_process",
                 "deploy"
             ]
         );
@@ -546,6 +670,32 @@ mod tests {
             c.call("run_script", &args(json!({"source": "1"})))
                 .unwrap_err(),
             CallError::UnknownTool("run_script".into())
+        );
+        let start = c
+            .call("start_process", &args(json!({"command": ["sleep", "9"]})))
+            .unwrap();
+        assert_eq!(
+            (start.method.as_str(), start.shape),
+            ("shell.start", Shape::Started)
+        );
+        let wait = c
+            .call("wait_process", &args(json!({"process_id": "p1-x"})))
+            .unwrap();
+        assert_eq!(wait.params, json!({"process_id": "p1-x", "wait_ms": 30000}));
+        assert_eq!(wait.shape, Shape::Output);
+        let read = c
+            .call(
+                "read_process_output",
+                &args(json!({"process_id": "p1-x", "from_seq": 7})),
+            )
+            .unwrap();
+        assert_eq!(
+            read.params,
+            json!({"process_id": "p1-x", "from_seq": 7, "wait_ms": 0})
+        );
+        assert!(
+            c.call("signal_process", &args(json!({"process_id": 3})))
+                .is_err()
         );
         let listed = c.resource_call("file:///workspace/main/").unwrap();
         assert_eq!(

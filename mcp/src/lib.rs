@@ -13,11 +13,13 @@
 #![forbid(unsafe_code)]
 
 pub mod catalogue;
+pub mod output;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use portcullis_client::{Client, ClientError};
-use portcullis_wire::frame::{Cancel, ErrorBody, Frame, RequestContext};
+use portcullis_client::{Client, ClientError, StreamItem};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, RequestContext};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData as McpError,
     InitializeResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
@@ -26,9 +28,9 @@ use rmcp::model::{
 use rmcp::service::RequestContext as McpContext;
 use rmcp::{RoleServer, ServerHandler, ServiceExt as _};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use catalogue::{CallError, Catalogue, RelayCall};
+use catalogue::{CallError, Catalogue, RelayCall, Shape};
+use output::Gathered;
 
 /// Why the MCP server could not start or ended.
 #[derive(Debug, thiserror::Error)]
@@ -99,39 +101,134 @@ impl Front {
     }
 
     /// One relay request for one MCP call; `Err` only when the gateway's
-    /// session is gone. Cancelled with `ct`.
+    /// session is gone. The MCP request's cancellation cancels it; while it
+    /// runs, a caller that asked for progress hears every second how long.
     async fn relay(
         &self,
         call: RelayCall,
-        mcp_id: String,
-        ct: &CancellationToken,
+        context: &McpContext<RoleServer>,
     ) -> Result<Result<Value, ErrorBody>, ClientError> {
-        let context = RequestContext {
-            tool_call_id: Some(format!("mcp-{mcp_id}")),
+        let request_context = RequestContext {
+            tool_call_id: Some(format!("mcp-{}", context.id)),
             ..RequestContext::default()
         };
-        let handle = self
+        if call.shape == Shape::Started {
+            return Ok(self.start_process(call, request_context, context).await);
+        }
+        let mut handle = self
             .client
-            .start_with_context(context, &call.method, call.params)
+            .start_with_context(request_context, &call.method, call.params)
             .await?;
-        let id = handle.id.clone();
-        let response = handle.response();
-        tokio::pin!(response);
-        let answered = tokio::select! {
-            answered = &mut response => answered,
-            () = ct.cancelled() => {
-                let cancel = Frame::Cancel(Cancel { id, reason: Some("mcp_cancelled".into()) });
-                let _ = self.client.send(cancel).await;
-                response.await
+        let mut gathered = (call.shape == Shape::Output).then(Gathered::default);
+        let progress = context.meta.get_progress_token();
+        let started = Instant::now();
+        let mut ticks =
+            tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+        let mut cancelled = false;
+        // The stream ends when the response has come; it is read to its
+        // end (a stream nobody reads would hold up the connection).
+        loop {
+            tokio::select! {
+                item = handle.next() => match item {
+                    Some(item) => {
+                        if let Some(gathered) = gathered.as_mut() {
+                            gathered.take(item);
+                        }
+                    }
+                    None => break,
+                },
+                () = context.ct.cancelled(), if !cancelled => {
+                    cancelled = true;
+                    let _ = handle.cancel().await;
+                }
+                _ = ticks.tick(), if progress.is_some() => {
+                    let seconds = started.elapsed().as_secs();
+                    let note = json!({"progressToken": progress, "progress": seconds,
+                                      "message": format!("{} running for {seconds} s", call.method)});
+                    if let Ok(note) = serde_json::from_value(note) {
+                        let _ = context.peer.notify_progress(note).await;
+                    }
+                }
             }
-        };
-        match answered {
-            Ok(result) => Ok(Ok(result)),
+        }
+        match handle.response().await {
+            Ok(result) => Ok(Ok(match gathered {
+                Some(gathered) => gathered.answer(&result),
+                None => result,
+            })),
             Err(ClientError::Remote(error)) => Ok(Err(error)),
             Err(other) => Err(other),
         }
     }
+
+    /// `shell.start`, answered once the process runs (`{process_id, pid,
+    /// …}`, its `started` frame); the request goes on in a task of its own
+    /// until the process ends, its output read and let go (it stays in the
+    /// process's ring for `read_process_output`). A cancellation before it
+    /// runs cancels it.
+    async fn start_process(
+        &self,
+        call: RelayCall,
+        request_context: RequestContext,
+        context: &McpContext<RoleServer>,
+    ) -> Result<Value, ErrorBody> {
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let (client, ct) = (self.client.clone(), context.ct.clone());
+        tokio::spawn(async move {
+            let mut started_tx = Some(started_tx);
+            let handle = client
+                .start_with_context(request_context, &call.method, call.params)
+                .await;
+            let mut handle = match handle {
+                Ok(handle) => handle,
+                Err(e) => {
+                    if let Some(tx) = started_tx.take() {
+                        let _ = tx.send(Err(gone(&e)));
+                    }
+                    return;
+                }
+            };
+            loop {
+                tokio::select! {
+                    item = handle.next() => match item {
+                        Some(StreamItem::Stream { event, data }) if event == "started" => {
+                            if let Some(tx) = started_tx.take() {
+                                let _ = tx.send(Ok(data));
+                            }
+                        }
+                        Some(_) => {}
+                        None => break,
+                    },
+                    () = ct.cancelled(), if started_tx.is_some() => {
+                        let _ = handle.cancel().await;
+                    }
+                }
+            }
+            let ended = handle.response().await;
+            if let Some(tx) = started_tx.take() {
+                let _ = tx.send(match ended {
+                    Ok(result) => Ok(result),
+                    Err(ClientError::Remote(error)) => Err(error),
+                    Err(other) => Err(gone(&other)),
+                });
+            }
+        });
+        started.await.unwrap_or_else(|_| {
+            Err(ErrorBody::new(
+                ErrorCode::ProviderError,
+                "the process's request ended without an answer",
+            ))
+        })
+    }
 }
+
+/// The gateway's session ended under a call.
+fn gone(error: &ClientError) -> ErrorBody {
+    ErrorBody::new(ErrorCode::RelayDisconnected, error.to_string())
+}
+
+/// How often a call that asked for progress hears of it.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// A tool's failure as MCP shows it: the message, and the relay code and
 /// details as structured content.
@@ -185,10 +282,7 @@ impl ServerHandler for Front {
             Err(e) => return Ok(tool_error("invalid_request", &e.to_string(), None).into()),
         };
         let text_field = call.text_field;
-        let answered = self
-            .relay(call, context.id.to_string(), &context.ct)
-            .await
-            .map_err(internal)?;
+        let answered = self.relay(call, &context).await.map_err(internal)?;
         let result = match answered {
             Ok(result) => {
                 let text = match text_field.and_then(|field| result.get(field)?.as_str()) {
@@ -222,11 +316,7 @@ impl ServerHandler for Front {
             .catalogue
             .resource_call(&request.uri)
             .map_err(|e| McpError::resource_not_found(e.to_string(), None))?;
-        let (text, mime) = match self
-            .relay(call, context.id.to_string(), &context.ct)
-            .await
-            .map_err(internal)?
-        {
+        let (text, mime) = match self.relay(call, &context).await.map_err(internal)? {
             Ok(result) => match result.get("content").and_then(Value::as_str) {
                 Some(content) => (content.to_string(), "text/plain"),
                 None => (

@@ -65,6 +65,12 @@ async def test_an_mcp_client_lists_the_grants_and_calls_each_kind(gateway: Gatew
             "stat",
             "search_files",
             "run_command",
+            "start_process",
+            "read_process_output",
+            "wait_process",
+            "write_process_input",
+            "signal_process",
+            "kill_process",
             "run_script",
             "greet",
         }
@@ -130,6 +136,46 @@ async def test_an_mcp_client_lists_the_grants_and_calls_each_kind(gateway: Gatew
     assert any(e["method"] == "shell.exec" and e["decision"] == "blocked" for e in by_mcp)
 
 
+async def test_processes_are_started_fed_read_signalled_and_waited_on(gateway: Gateway) -> None:
+    async with session(gateway) as s:
+        cat = await call(s, "start_process", {"command": ["cat"], "cwd": "/workspace/main"})
+        assert not cat.is_error, text(cat)
+        assert cat.structured_content is not None
+        cat_id = cat.structured_content["process_id"]
+        wrote = await call(s, "write_process_input", {"process_id": cat_id, "data": "typed\n", "eof": True})
+        assert not wrote.is_error, text(wrote)
+        done = await call(s, "wait_process", {"process_id": cat_id, "timeout_ms": 20000})
+        assert done.structured_content is not None, text(done)
+        assert done.structured_content["running"] is False
+        assert done.structured_content["exit_code"] == 0
+        assert done.structured_content["stdout"] == "typed\n"
+        # Read again from where that ended: nothing new.
+        again = await call(
+            s, "read_process_output", {"process_id": cat_id, "from_seq": done.structured_content["next_seq"]}
+        )
+        assert again.structured_content is not None and again.structured_content["stdout"] == ""
+
+        sleeper = await call(s, "start_process", {"command": ["sleep", "30"]})
+        assert sleeper.structured_content is not None
+        sleeper_id = sleeper.structured_content["process_id"]
+        polled = await call(s, "read_process_output", {"process_id": sleeper_id})
+        assert polled.structured_content is not None and polled.structured_content["running"] is True
+        signalled = await call(s, "signal_process", {"process_id": sleeper_id, "signal": "TERM"})
+        assert not signalled.is_error, text(signalled)
+        ended = await call(s, "wait_process", {"process_id": sleeper_id, "timeout_ms": 20000})
+        assert ended.structured_content is not None and ended.structured_content["running"] is False
+        assert ended.structured_content["signal"] == "SIGTERM", ended.structured_content
+
+        other = await call(s, "start_process", {"command": ["sleep", "30"]})
+        assert other.structured_content is not None
+        killed = await call(s, "kill_process", {"process_id": other.structured_content["process_id"]})
+        assert not killed.is_error, text(killed)
+        missing = await call(s, "wait_process", {"process_id": "p999-nothing"})
+        assert missing.is_error and text(missing).startswith("not_found:"), text(missing)
+        refused = await call(s, "start_process", {"command": ["rm", "-rf", "/"]})
+        assert refused.is_error and text(refused).startswith("permission_denied:"), text(refused)
+
+
 async def test_a_cancelled_call_cancels_the_relay_request(gateway: Gateway) -> None:
     async with session(gateway) as s:
         slow = asyncio.create_task(call(s, "run_command", {"command": ["sleep", "30"]}))
@@ -153,6 +199,20 @@ async def test_a_cancelled_call_cancels_the_relay_request(gateway: Gateway) -> N
         await asyncio.sleep(0.1)
     assert cancelled, "the relay request was not cancelled"
     assert str(cancelled[0]["tool_call_id"]).startswith("mcp-")
+
+
+async def test_a_long_command_reports_progress(gateway: Gateway) -> None:
+    heard: list[tuple[float, str | None]] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, message))
+
+    async with session(gateway) as s:
+        result = await s.call_tool("run_command", {"command": ["sleep", "2.5"]}, progress_callback=progress)
+        assert isinstance(result, CallToolResult) and not result.is_error
+    assert len(heard) >= 2, heard
+    assert [done for done, _ in heard] == sorted(done for done, _ in heard)
+    assert heard[0][1] is not None and "shell.exec running" in heard[0][1]
 
 
 async def test_the_previous_protocol_revision_is_served_too(gateway: Gateway) -> None:
