@@ -171,16 +171,17 @@ enum Command {
     Resume(cli::admin::Socket),
     /// Connect to a gateway and print its hello.
     Connect(cli::connect::Target),
-    /// Serve the MCP (Model Context Protocol) on standard input and output
-    /// in front of a gateway: its grants as MCP tools, its roots as
-    /// resources. For an MCP client's configuration (docs/MCP.md).
+    /// Serve the MCP (Model Context Protocol) in front of a gateway, on
+    /// standard input and output or Streamable HTTP: its grants as MCP
+    /// tools, its roots as resources. For an MCP client (docs/MCP.md).
     #[command(
         after_help = "Each MCP tool call is one request of this client's principal: \
         decided by the gateway's policy and written to its audit log (tool_call_id mcp-ID). \
-        Standard output carries MCP only; messages go to standard error.\n\nExample:\n  \
-        portcullis mcp ws://127.0.0.1:7443 --gateway-key KEY --identity agent.key"
+        Over stdio, standard output carries MCP only; messages go to standard error.\n\nExamples:\n  \
+        portcullis mcp ws://127.0.0.1:7443 --gateway-key KEY --identity agent.key\n  \
+        portcullis mcp ws://127.0.0.1:7443 --identity agent.key --http 127.0.0.1:8765 --http-token-file mcp.token"
     )]
-    Mcp(cli::connect::Target),
+    Mcp(Box<cli::mcp::McpArgs>),
     /// Connect to a gateway and measure relay ping round trips.
     Ping {
         #[command(flatten)]
@@ -407,7 +408,7 @@ fn main() -> ExitCode {
             cli::serve::websocket(&config, &keys)
         }
         Command::Connect(target) => cli::connect::connect(target),
-        Command::Mcp(target) => cli::mcp::mcp(target),
+        Command::Mcp(args) => cli::mcp::mcp(*args),
         Command::Status(socket) => cli::admin::status(&socket),
         Command::Metrics(socket) => cli::admin::metrics(&socket),
         Command::Audit {

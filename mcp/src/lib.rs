@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod catalogue;
+pub mod http;
 pub mod output;
 
 use std::sync::Arc;

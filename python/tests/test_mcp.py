@@ -12,8 +12,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx2
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent, TextResourceContents
 
 from conftest import Gateway, binary
@@ -269,3 +271,58 @@ async def test_the_previous_protocol_revision_is_served_too(gateway: Gateway) ->
     assert after is not None and "result" in after, after
     process.stdin.close()
     assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
+async def test_streamable_http_with_a_bearer_token_on_loopback(gateway: Gateway) -> None:
+    token = "mcp-http-token-0123456789"
+    token_file = gateway.dir / "mcp.token"
+    token_file.write_text(token + "\n")
+    params = server(gateway)
+    process = await asyncio.create_subprocess_exec(
+        params.command,
+        *params.args,
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        str(token_file),
+        env=params.env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode().strip()
+        assert line.startswith("listening on http://127.0.0.1:"), line
+        url = line.removeprefix("listening on ")
+
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http:
+            async with streamable_http_client(url, http_client=http) as (incoming, outgoing):
+                async with ClientSession(incoming, outgoing) as s:
+                    await s.initialize()
+                    names = {t.name for t in (await s.list_tools()).tools}
+                    assert "read_file" in names and "run_command" in names
+                    wrote = await call(s, "write_file", {"path": "/workspace/main/h.txt", "content": "over http"})
+                    assert not wrote.is_error, text(wrote)
+                    got = await call(s, "read_file", {"path": "/workspace/main/h.txt"})
+                    assert text(got) == "over http"
+
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        async with httpx2.AsyncClient() as plain:
+            headers = {"Accept": "application/json, text/event-stream"}
+            missing = await plain.post(url, json=body, headers=headers)
+            assert missing.status_code == 401, missing.text
+            wrong = await plain.post(url, json=body, headers={**headers, "Authorization": "Bearer not-the-token-at-all"})
+            assert wrong.status_code == 401, wrong.text
+            # A page in a browser on another origin is refused, token or not.
+            foreign = await plain.post(
+                url, json=body, headers={**headers, "Authorization": f"Bearer {token}", "Origin": "http://evil.example"}
+            )
+            assert foreign.status_code == 403, foreign.text
+    finally:
+        process.terminate()
+        await process.wait()
+    # The calls over HTTP are audited as the same principal's.
+    assert any(
+        e.get("method") == "file.write" and str(e.get("tool_call_id", "")).startswith("mcp-")
+        for e in gateway.audit()
+    )
