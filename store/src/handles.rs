@@ -7,6 +7,9 @@
 //! a crash lost is still a handle of an earlier run, so still lost). The
 //! ledger keeps the newest [`KEEP`] handles.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use serde::{Deserialize, Serialize};
 
 use crate::StoreError;
@@ -36,12 +39,17 @@ pub struct Handle {
 #[derive(Clone)]
 pub struct Handles {
     tree: sled::Tree,
+    /// How many handles the tree holds: counted once when opened, then
+    /// kept here (sled's `len` walks the whole tree).
+    held: Arc<AtomicUsize>,
 }
 
 impl Handles {
     pub(crate) fn open(db: &sled::Db) -> Result<Self, StoreError> {
+        let tree = db.open_tree("handles").map_err(StoreError::Sled)?;
         Ok(Self {
-            tree: db.open_tree("handles").map_err(StoreError::Sled)?,
+            held: Arc::new(AtomicUsize::new(tree.len())),
+            tree,
         })
     }
 
@@ -49,7 +57,7 @@ impl Handles {
     pub async fn record(&self, id: &str, handle: &Handle) -> Result<(), StoreError> {
         self.insert(id, handle)?;
         self.tree.flush_async().await.map_err(StoreError::Sled)?;
-        if self.tree.len() > 2 * KEEP {
+        if self.held.load(Ordering::Relaxed) > 2 * KEEP {
             self.prune()?;
         }
         Ok(())
@@ -100,9 +108,13 @@ impl Handles {
             seq: 0,
             message: format!("handle `{id}`: {e}"),
         })?;
-        self.tree
+        let earlier = self
+            .tree
             .insert(id.as_bytes(), bytes)
             .map_err(StoreError::Sled)?;
+        if earlier.is_none() {
+            self.held.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -119,9 +131,11 @@ impl Handles {
         }
         all.sort_unstable();
         let excess = all.len().saturating_sub(KEEP);
+        let kept = all.len() - excess;
         for (_, key) in all.into_iter().take(excess) {
             self.tree.remove(key).map_err(StoreError::Sled)?;
         }
+        self.held.store(kept, Ordering::Relaxed);
         Ok(())
     }
 }
