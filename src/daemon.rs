@@ -34,15 +34,13 @@ impl Daemon {
         let processes = Processes::new(&instance_id, Some(handles));
         let artifacts = Artifacts::new(audit.clone(), config.artifacts.ca_file.clone());
         let egress = Egress::new(&config.egress, &config.state_dir, audit);
+        let shell = Shell::new(processes.clone(), egress, Some(artifacts.clone()));
+        let tools = Tools::new(config.secrets_dir.clone()).with_mcp_servers(shell.clone());
         let providers = Providers::new()
             .with(Arc::new(Resources::new(processes.clone())))
-            .with(Arc::new(Files::with_artifacts(Some(artifacts.clone()))))
-            .with(Arc::new(Shell::new(
-                processes.clone(),
-                egress,
-                Some(artifacts),
-            )))
-            .with(Arc::new(Tools::new(config.secrets_dir.clone())));
+            .with(Arc::new(Files::with_artifacts(Some(artifacts))))
+            .with(Arc::new(shell))
+            .with(Arc::new(tools));
         Self {
             instance_id,
             providers,

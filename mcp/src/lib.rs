@@ -9,12 +9,17 @@
 //! id. This crate decides nothing: a refusal is the gateway's, passed back
 //! as the tool's error with the relay code. An MCP cancellation cancels
 //! the relay request.
+//!
+//! It also holds the other direction, [`upstream`]: the daemon as the
+//! client of a local MCP server whose tools the policy offers as operator
+//! tools.
 
 #![forbid(unsafe_code)]
 
 pub mod catalogue;
 pub mod http;
 pub mod output;
+pub mod upstream;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

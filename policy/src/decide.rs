@@ -289,6 +289,61 @@ pub struct ShellTerms {
     pub host_roots: Vec<(std::path::PathBuf, Mode)>,
 }
 
+impl McpServer {
+    /// The terms the server's process runs under: the command sandbox of
+    /// `shell.*`, built from its own section instead of a grant (it is the
+    /// operator's program, started by the daemon, not by a principal).
+    /// `secrets` are the values of its secret variables, read by the caller.
+    pub fn shell_terms(
+        &self,
+        policy: &Policy,
+        secrets: impl IntoIterator<Item = (String, String)>,
+    ) -> ShellTerms {
+        let root_terms = |id: &str, mode: Mode| {
+            let root = policy.root(id)?;
+            let top = normalize(&root.virtual_path, &root.virtual_path).ok()?;
+            Some(FileTerms {
+                root: id.to_string(),
+                path: top.as_str().to_string(),
+                mode,
+                host_root: root.host_path.clone(),
+                virtual_root: root.virtual_path.clone(),
+                follow_symlinks: root.follow_symlinks,
+            })
+        };
+        let mut env = self.env.clone();
+        env.extend(secrets);
+        ShellTerms {
+            program: None,
+            env,
+            cwd: self
+                .cwd
+                .as_deref()
+                .and_then(|id| root_terms(id, *self.roots.get(id)?)),
+            max_runtime: Duration::MAX,
+            output_limit: 0,
+            pty: false,
+            network: self.network.clone(),
+            // Its tasks (threads too), as `max_pids` says.
+            max_processes: self
+                .limits
+                .pids
+                .map_or(64, |pids| u32::try_from(pids).unwrap_or(u32::MAX)),
+            persist: false,
+            idle_timeout: Duration::MAX,
+            limits: self.limits,
+            sandbox: self.sandbox,
+            survive_revocation: false,
+            host_roots: self
+                .roots
+                .iter()
+                .filter_map(|(id, mode)| Some((policy.root(id)?.host_path.clone(), *mode)))
+                .collect(),
+            roots: self.roots.clone(),
+        }
+    }
+}
+
 impl Decision {
     fn deny(denial: Denial, capability: Option<Capability>, rule: impl Into<String>) -> Self {
         Self {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
@@ -102,10 +102,16 @@ impl Validator<'_> {
             .into_iter()
             .map(|g| self.grant(g, &known))
             .collect();
+        let mcp_servers: Vec<McpServer> = raw
+            .mcp_server
+            .into_iter()
+            .map(|m| self.mcp_server(m, &known))
+            .collect();
+        let server_names: BTreeSet<&str> = mcp_servers.iter().map(|m| m.name.as_str()).collect();
         let tools = raw
             .tool
             .into_iter()
-            .map(|t| self.tool(t, base_dir))
+            .map(|t| self.tool(t, base_dir, &server_names))
             .collect();
         Policy {
             generation,
@@ -113,6 +119,7 @@ impl Validator<'_> {
             roots,
             grants,
             tools,
+            mcp_servers,
         }
     }
 
@@ -247,7 +254,7 @@ impl Validator<'_> {
         }
         let mut fileops = BTreeMap::new();
         for (root, mode) in raw.fileops {
-            self.known_root(&id, &root, known);
+            self.known_root(&format!("grant `{id}`"), &root, known);
             fileops.insert(root.into_inner(), mode);
         }
         let shell = raw.shell.map(|s| self.shell(&id, s, known));
@@ -332,11 +339,12 @@ impl Validator<'_> {
         }
     }
 
-    fn known_root(&mut self, grant: &str, root: &Spanned<String>, known: &Known) {
+    /// `owner` says whose reference it is: "grant `dev`".
+    fn known_root(&mut self, owner: &str, root: &Spanned<String>, known: &Known) {
         if !known.roots.contains(root.get_ref().as_str()) {
             self.error(
                 root.span(),
-                format!("grant `{grant}`: root `{}` is not defined", root.get_ref()),
+                format!("{owner}: root `{}` is not defined", root.get_ref()),
             );
         }
     }
@@ -357,18 +365,10 @@ impl Validator<'_> {
             CommandRule::Listed(listed.into_iter().map(Spanned::into_inner).collect())
         };
         for root in &raw.cwd_roots {
-            self.known_root(grant, root, known);
+            self.known_root(&format!("grant `{grant}`"), root, known);
         }
         for name in raw.env_allow.iter().chain(raw.env_set.keys()) {
-            if !valid_env_name(name.get_ref()) {
-                self.error(
-                    name.span(),
-                    format!(
-                        "grant `{grant}`: `{}` is not a valid environment variable name",
-                        name.get_ref()
-                    ),
-                );
-            }
+            self.env_name(&format!("grant `{grant}`"), name);
         }
         if let Some(n) = &raw.max_open_files
             && *n.get_ref() < 16
@@ -437,9 +437,9 @@ impl Validator<'_> {
                 .map_or(std::time::Duration::from_secs(600), |d| d.0),
             output_limit: raw.output_limit.map_or(16 << 20, |s| s.0),
             pty: raw.pty,
-            network: raw
-                .network
-                .map_or(Network::Deny, |network| self.network(grant, network)),
+            network: raw.network.map_or(Network::Deny, |network| {
+                self.network(&format!("grant `{grant}`"), network)
+            }),
             max_processes: max_processes.unwrap_or(4),
             persist: raw.persist,
             idle_timeout: raw
@@ -459,7 +459,7 @@ impl Validator<'_> {
         }
     }
 
-    fn network(&mut self, grant: &str, raw: Spanned<RawNetwork>) -> Network {
+    fn network(&mut self, owner: &str, raw: Spanned<RawNetwork>) -> Network {
         let span = raw.span();
         match raw.into_inner() {
             RawNetwork::Word(word) if word == "allow" => Network::Allow,
@@ -468,7 +468,7 @@ impl Validator<'_> {
                 self.error(
                     span,
                     format!(
-                        "grant `{grant}`: network = \"{word}\": expected \"deny\", \"allow\" \
+                        "{owner}: network = \"{word}\": expected \"deny\", \"allow\" \
                          or {{ allow = [\"pypi.org\", \"*.github.com:443\", ...] }}"
                     ),
                 );
@@ -478,7 +478,7 @@ impl Validator<'_> {
                 match crate::egress::Egress::parse(list.allow.iter().map(String::as_str)) {
                     Ok(egress) => Network::Egress(std::sync::Arc::new(egress)),
                     Err(e) => {
-                        self.error(span, format!("grant `{grant}`: network allow-list: {e}"));
+                        self.error(span, format!("{owner}: network allow-list: {e}"));
                         Network::Deny
                     }
                 }
@@ -544,7 +544,7 @@ impl Validator<'_> {
         }
     }
 
-    fn tool(&mut self, raw: RawTool, base_dir: &Path) -> Tool {
+    fn tool(&mut self, raw: RawTool, base_dir: &Path, servers: &BTreeSet<&str>) -> Tool {
         let name = self.id("tool", &raw.name);
         let schema =
             serde_json::to_value(raw.input_schema.get_ref()).unwrap_or(serde_json::Value::Null);
@@ -554,18 +554,46 @@ impl Validator<'_> {
                 format!("tool `{name}`: input_schema is not a valid JSON Schema: {e}"),
             );
         }
-        let script = Path::new(raw.script.get_ref());
-        if raw.script.get_ref().is_empty() || script.components().any(|c| c == Component::ParentDir)
-        {
-            self.error(
-                raw.script.span(),
-                format!("tool `{name}`: script must be a path without `..`"),
-            );
-        }
-        let script = if script.is_absolute() {
-            script.to_path_buf()
-        } else {
-            base_dir.join(script)
+        let action = match (raw.script, raw.mcp) {
+            (Some(script), None) => ToolAction::Script(self.tool_script(&name, &script, base_dir)),
+            (None, Some(mcp)) => {
+                let span = mcp.span();
+                let RawMcpTool { server, tool } = mcp.into_inner();
+                if !servers.contains(server.get_ref().as_str()) {
+                    self.error(
+                        server.span(),
+                        format!(
+                            "tool `{name}`: mcp_server `{}` is not defined (add an [[mcp_server]] with that name)",
+                            server.get_ref()
+                        ),
+                    );
+                }
+                if !raw.secrets.is_empty() {
+                    self.error(
+                        span.clone(),
+                        format!("tool `{name}`: an MCP server's tool has no secrets of its own; give them to the server (`[[mcp_server]] secrets`)"),
+                    );
+                }
+                let tool = tool.map_or_else(|| name.clone(), Spanned::into_inner);
+                if tool.is_empty() || tool.len() > 128 {
+                    self.error(
+                        span,
+                        format!("tool `{name}`: mcp.tool must be 1 to 128 characters"),
+                    );
+                }
+                ToolAction::Mcp {
+                    server: server.into_inner(),
+                    tool,
+                }
+            }
+            (script, _) => {
+                let span = script.map_or(raw.name.span(), |s| s.span());
+                self.error(
+                    span,
+                    format!("tool `{name}`: give either `script` (a Rhai file) or `mcp = {{ server = \"…\", tool = \"…\" }}`, exactly one"),
+                );
+                ToolAction::Script(PathBuf::new())
+            }
         };
         let mut secrets = Vec::new();
         for secret in raw.secrets {
@@ -587,8 +615,141 @@ impl Validator<'_> {
             input_schema: schema,
             risk: raw.risk,
             approval_policy: raw.approval_policy,
-            script,
+            action,
             secrets,
+        }
+    }
+
+    /// A tool's script path: relative ones from the policy's directory.
+    fn tool_script(&mut self, name: &str, raw: &Spanned<String>, base_dir: &Path) -> PathBuf {
+        let script = Path::new(raw.get_ref());
+        if raw.get_ref().is_empty() || script.components().any(|c| c == Component::ParentDir) {
+            self.error(
+                raw.span(),
+                format!("tool `{name}`: script must be a path without `..`"),
+            );
+        }
+        if script.is_absolute() {
+            script.to_path_buf()
+        } else {
+            base_dir.join(script)
+        }
+    }
+
+    fn mcp_server(&mut self, raw: RawMcpServer, known: &Known) -> McpServer {
+        let name = self.id("mcp_server", &raw.name);
+        let owner = format!("mcp_server `{name}`");
+        let command_span = raw.command.span();
+        let command: Vec<String> = raw
+            .command
+            .into_inner()
+            .into_iter()
+            .map(Spanned::into_inner)
+            .collect();
+        match command.first() {
+            None => self.error(
+                command_span.clone(),
+                format!("{owner}: command must name a program, e.g. [\"python3\", \"/opt/mcp/server.py\"]"),
+            ),
+            Some(program)
+                if program.is_empty()
+                    || (program.contains('/') && !program.starts_with('/')) =>
+            {
+                self.error(
+                    command_span.clone(),
+                    format!("{owner}: the program must be a bare name or an absolute path"),
+                )
+            }
+            Some(_) => {}
+        }
+        if command.iter().any(|a| a.contains('\0')) {
+            self.error(
+                command_span,
+                format!("{owner}: command contains a NUL byte"),
+            );
+        }
+        let mut roots = BTreeMap::new();
+        for (root, mode) in raw.roots {
+            self.known_root(&owner, &root, known);
+            roots.insert(root.into_inner(), mode);
+        }
+        if let Some(cwd) = &raw.cwd
+            && !roots.contains_key(cwd.get_ref())
+        {
+            self.error(
+                cwd.span(),
+                format!("{owner}: cwd `{}` must be one of its roots", cwd.get_ref()),
+            );
+        }
+        let mut env = BTreeMap::new();
+        for (key, value) in raw.env {
+            self.env_name(&owner, &key);
+            env.insert(key.into_inner(), value);
+        }
+        env.entry("PATH".to_string())
+            .or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".to_string());
+        let mut secrets = BTreeMap::new();
+        for (key, secret) in raw.secrets {
+            self.env_name(&owner, &key);
+            if !valid_id(secret.get_ref()) {
+                self.error(
+                    secret.span(),
+                    format!(
+                        "{owner}: secret name `{}` must be {ID_RULE}",
+                        secret.get_ref()
+                    ),
+                );
+            }
+            if env.contains_key(key.get_ref()) {
+                self.error(
+                    key.span(),
+                    format!(
+                        "{owner}: `{}` is set by both env and secrets",
+                        key.get_ref()
+                    ),
+                );
+            }
+            secrets.insert(key.into_inner(), secret.into_inner());
+        }
+        let pids = raw.max_pids.map(|pids| {
+            if *pids.get_ref() == 0 {
+                self.error(pids.span(), format!("{owner}: max_pids must be at least 1"));
+            }
+            pids.into_inner()
+        });
+        McpServer {
+            name,
+            description: raw.description,
+            command,
+            roots,
+            cwd: raw.cwd.map(Spanned::into_inner),
+            env,
+            secrets,
+            network: raw
+                .network
+                .map_or(Network::Deny, |network| self.network(&owner, network)),
+            call_timeout: raw
+                .call_timeout
+                .map_or(std::time::Duration::from_secs(60), |d| d.0),
+            // Threads count: a server's runtime starts a few dozen.
+            limits: ProcessLimits {
+                memory: raw.max_memory.map(|s| s.0),
+                pids: Some(pids.unwrap_or(64)),
+                ..ProcessLimits::default()
+            },
+            sandbox: raw.sandbox,
+        }
+    }
+
+    fn env_name(&mut self, owner: &str, name: &Spanned<String>) {
+        if !valid_env_name(name.get_ref()) {
+            self.error(
+                name.span(),
+                format!(
+                    "{owner}: `{}` is not a valid environment variable name",
+                    name.get_ref()
+                ),
+            );
         }
     }
 

@@ -17,6 +17,7 @@ pub struct Policy {
     pub roots: Vec<Root>,
     pub grants: Vec<Grant>,
     pub tools: Vec<Tool>,
+    pub mcp_servers: Vec<McpServer>,
 }
 
 #[derive(Debug, Clone)]
@@ -289,11 +290,49 @@ pub struct Tool {
     pub input_schema: serde_json::Value,
     pub risk: Risk,
     pub approval_policy: ApprovalPolicy,
-    /// The Rhai script; a relative path is taken from the policy file's
-    /// directory.
-    pub script: PathBuf,
-    /// Names of secrets this tool may read.
+    pub action: ToolAction,
+    /// Names of secrets this tool may read (a script's; an MCP server's
+    /// secrets are its own).
     pub secrets: Vec<String>,
+}
+
+/// What a tool call runs.
+#[derive(Debug, Clone)]
+pub enum ToolAction {
+    /// A Rhai script; a relative path is taken from the policy file's
+    /// directory.
+    Script(PathBuf),
+    /// A tool of one of the policy's `[[mcp_server]]`s.
+    Mcp { server: String, tool: String },
+}
+
+/// A local MCP server the daemon starts in the command sandbox (the same
+/// world, Landlock, seccomp and cgroup as `shell.*`), speaking MCP over
+/// its stdin and stdout. Its tools are reached only through `[[tool]]`s
+/// that name it.
+#[derive(Debug, Clone, Serialize)]
+pub struct McpServer {
+    pub name: String,
+    pub description: Option<String>,
+    /// The program (an absolute path, or a name looked up on the `PATH` of
+    /// `env`) and its arguments.
+    pub command: Vec<String>,
+    /// Roots its world shows, each `ro` or `rw`.
+    pub roots: BTreeMap<String, Mode>,
+    /// The root it starts in.
+    pub cwd: Option<String>,
+    /// Its environment, besides its secrets (a `PATH` of the usual
+    /// directories when none is set).
+    pub env: BTreeMap<String, String>,
+    /// Environment variable → secret name: given to the server, and
+    /// redacted from everything its tools answer.
+    pub secrets: BTreeMap<String, String>,
+    pub network: Network,
+    /// How long one tool call may take; past it the call fails and the
+    /// server, taken to hang, is restarted.
+    pub call_timeout: Duration,
+    pub limits: ProcessLimits,
+    pub sandbox: SandboxMode,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -369,6 +408,10 @@ impl Policy {
 
     pub fn tool(&self, name: &str) -> Option<&Tool> {
         self.tools.iter().find(|t| t.name == name)
+    }
+
+    pub fn mcp_server(&self, name: &str) -> Option<&McpServer> {
+        self.mcp_servers.iter().find(|s| s.name == name)
     }
 }
 

@@ -23,6 +23,8 @@ pub(crate) struct RawPolicy {
     pub grant: Vec<RawGrant>,
     #[serde(default)]
     pub tool: Vec<RawTool>,
+    #[serde(default)]
+    pub mcp_server: Vec<RawMcpServer>,
 }
 
 #[derive(Deserialize)]
@@ -179,9 +181,55 @@ pub(crate) struct RawTool {
     pub input_schema: Spanned<toml::Table>,
     pub risk: Risk,
     pub approval_policy: ApprovalPolicy,
-    pub script: Spanned<String>,
+    /// What the tool runs: a Rhai script, or a tool of an `[[mcp_server]]`.
+    #[serde(default)]
+    pub script: Option<Spanned<String>>,
+    #[serde(default)]
+    pub mcp: Option<Spanned<RawMcpTool>>,
     #[serde(default)]
     pub secrets: Vec<Spanned<String>>,
+}
+
+/// `mcp = { server = "notes", tool = "add_note" }` (`tool` defaults to the
+/// `[[tool]]`'s name).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMcpTool {
+    pub server: Spanned<String>,
+    #[serde(default)]
+    pub tool: Option<Spanned<String>>,
+}
+
+/// `[[mcp_server]]`: a local MCP server the daemon starts in the command
+/// sandbox and speaks to over its stdin and stdout.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMcpServer {
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    pub command: Spanned<Vec<Spanned<String>>>,
+    /// Root id → `"ro"` or `"rw"`: what of the host its world shows.
+    #[serde(default)]
+    pub roots: BTreeMap<Spanned<String>, Mode>,
+    /// A root it starts in (`/` of its world otherwise).
+    #[serde(default)]
+    pub cwd: Option<Spanned<String>>,
+    #[serde(default)]
+    pub env: BTreeMap<Spanned<String>, String>,
+    /// Environment variable → the name of the secret it is set to.
+    #[serde(default)]
+    pub secrets: BTreeMap<Spanned<String>, Spanned<String>>,
+    #[serde(default)]
+    pub network: Option<Spanned<RawNetwork>>,
+    #[serde(default)]
+    pub call_timeout: Option<DurationValue>,
+    #[serde(default)]
+    pub max_memory: Option<SizeValue>,
+    #[serde(default)]
+    pub max_pids: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub sandbox: SandboxMode,
 }
 
 /// `expires_at`: a TOML offset date-time (`2027-01-01T00:00:00Z`) or the

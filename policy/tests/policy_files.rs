@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use portcullis_policy::{DEFAULT_POLICY, parse};
+use portcullis_policy::{DEFAULT_POLICY, Mode, Network, SandboxMode, ToolAction, parse};
 
 #[test]
 fn the_default_policy_is_valid() {
@@ -71,4 +71,63 @@ fn broken_policies_fail_at_the_exact_position() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn an_mcp_server_runs_under_the_terms_of_its_own_section() {
+    let text = r#"
+[[root]]
+id = "work"
+path = "/srv/work"
+virtual_path = "/workspace/work"
+
+[[mcp_server]]
+name = "notes"
+command = ["python3", "/opt/mcp/notes.py", "--stdio"]
+roots = { work = "rw" }
+cwd = "work"
+env = { LOG_LEVEL = "debug" }
+secrets = { NOTES_TOKEN = "notes_token" }
+call_timeout = "5s"
+max_pids = 16
+
+[[tool]]
+name = "notes_add"
+description = "Adds a note"
+risk = "medium"
+approval_policy = "ask_once"
+mcp = { server = "notes", tool = "add_note" }
+input_schema = { type = "object" }
+
+[[tool]]
+name = "shout"
+description = "Named as the server names it"
+risk = "low"
+approval_policy = "allow"
+mcp = { server = "notes" }
+input_schema = { type = "object" }
+"#;
+    let policy = parse(text, "policy.toml", Path::new("/etc/portcullis")).unwrap();
+    let tool = |name: &str| match &policy.tool(name).unwrap().action {
+        ToolAction::Mcp { server, tool } => (server.clone(), tool.clone()),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(tool("notes_add"), ("notes".into(), "add_note".into()));
+    assert_eq!(tool("shout"), ("notes".into(), "shout".into()));
+    let server = policy.mcp_server("notes").unwrap();
+    assert_eq!(server.call_timeout, std::time::Duration::from_secs(5));
+    let terms = server.shell_terms(&policy, [("NOTES_TOKEN".into(), "s3cret".into())]);
+    assert_eq!(terms.env["NOTES_TOKEN"], "s3cret");
+    assert_eq!(terms.env["LOG_LEVEL"], "debug");
+    // A PATH of the usual directories when the section sets none.
+    assert_eq!(terms.env["PATH"], "/usr/local/bin:/usr/bin:/bin");
+    assert_eq!(terms.roots["work"], Mode::Rw);
+    assert_eq!(
+        terms.host_roots,
+        vec![(std::path::PathBuf::from("/srv/work"), Mode::Rw)]
+    );
+    assert_eq!(terms.cwd.as_ref().unwrap().root, "work");
+    assert_eq!(terms.network, Network::Deny);
+    assert_eq!((terms.max_processes, terms.limits.pids), (16, Some(16)));
+    assert_eq!(terms.sandbox, SandboxMode::Require);
 }

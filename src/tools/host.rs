@@ -136,7 +136,13 @@ impl Host {
     fn execute_tool(&self, compiled: &CompiledTool, args: Value) -> Result<Value, ErrorBody> {
         let tool = &compiled.tool;
         compiled.validate(&args)?;
-        let ast = compiled.ast.as_ref().map_err(|_| {
+        let Some(ast) = &compiled.ast else {
+            return Err(provider_error(format!(
+                "tool `{}` is an MCP server's, not a script",
+                tool.name
+            )));
+        };
+        let ast = ast.as_ref().map_err(|_| {
             // Which file and why are in the gateway's log (from the
             // compile); host paths stay there.
             provider_error(format!(

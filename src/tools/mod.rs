@@ -16,6 +16,7 @@
 
 pub mod engine;
 mod host;
+pub mod mcp;
 pub mod registry;
 
 use std::collections::HashMap;
@@ -23,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use portcullis_policy::{Capability, Policy, ScriptLimits, Target, Terms};
+use portcullis_policy::{Capability, Policy, ScriptLimits, Target, Terms, ToolAction};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
@@ -47,16 +48,26 @@ struct State {
     registry: Mutex<Option<Arc<Registry>>>,
     /// Each running `tool.call`'s cancel, by principal and request id.
     running: Mutex<HashMap<(String, String), CancellationToken>>,
+    /// The servers behind tools of `[[mcp_server]]`s.
+    mcp: mcp::McpServers,
 }
 
 impl Tools {
     pub fn new(secrets_dir: Option<PathBuf>) -> Self {
         Self(Arc::new(State {
+            mcp: mcp::McpServers::new(secrets_dir.clone()),
             secrets_dir,
             pool: Arc::new(Semaphore::new(pool_size())),
             registry: Mutex::default(),
             running: Mutex::default(),
         }))
+    }
+
+    /// Starts `[[mcp_server]]`s through `shell` (its sandbox, its process
+    /// limits); without it their tools answer that no server can start.
+    pub fn with_mcp_servers(self, shell: crate::shell::Shell) -> Self {
+        self.0.mcp.use_shell(shell);
+        self
     }
 
     /// The tools of `policy`, compiled the first time they are asked for.
@@ -69,6 +80,8 @@ impl Tools {
         }
         let registry = Arc::new(Registry::compile(policy.clone()));
         *current = Some(registry.clone());
+        // A reload stops the servers it removed or changed.
+        self.0.mcp.retain(policy);
         registry
     }
 
@@ -366,16 +379,27 @@ impl Tools {
             .cloned()
             .unwrap_or_else(|| json!({}));
         let registry = self.registry(&call.policy);
-        let host = Host::new(
-            &call,
-            ScriptLimits::DEFAULT,
-            registry,
-            self.0.secrets_dir.clone(),
-        );
         let started = std::time::Instant::now();
-        let value = self
-            .on_pool(call.parent.is_some(), move || host.run_tool(&name, args))
-            .await??;
+        let compiled = registry.tool(&name)?;
+        let value = match &compiled.tool.action {
+            ToolAction::Mcp { server, tool } => {
+                compiled.validate(&args)?;
+                let definition = call.policy.mcp_server(server).ok_or_else(|| {
+                    provider_error(format!("tool `{name}` names MCP server `{server}`, which the policy does not define"))
+                })?;
+                self.0.mcp.call(&call, definition, tool, args).await?
+            }
+            ToolAction::Script(_) => {
+                let host = Host::new(
+                    &call,
+                    ScriptLimits::DEFAULT,
+                    registry.clone(),
+                    self.0.secrets_dir.clone(),
+                );
+                self.on_pool(call.parent.is_some(), move || host.run_tool(&name, args))
+                    .await??
+            }
+        };
         Ok(json!({
             "value": value,
             "duration_ms": started.elapsed().as_millis() as u64,

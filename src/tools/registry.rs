@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use portcullis_policy::{Policy, ScriptLimits, Tool};
+use portcullis_policy::{Policy, ScriptLimits, Tool, ToolAction};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
@@ -22,8 +22,8 @@ const MAX_SECRET_BYTES: u64 = 64 * 1024;
 
 pub struct CompiledTool {
     pub tool: Tool,
-    /// The script, or why it cannot run.
-    pub ast: Result<rhai::AST, ScriptError>,
+    /// The script, or why it cannot run; `None` for an MCP server's tool.
+    pub ast: Option<Result<rhai::AST, ScriptError>>,
     pub schema: Result<jsonschema::Validator, jsonschema::ValidationError<'static>>,
 }
 
@@ -62,22 +62,11 @@ impl Registry {
             .tools
             .iter()
             .map(|tool| {
-                let path = || tool.script.clone();
-                let ast = read_limited(&tool.script, MAX_SCRIPT_BYTES)
-                    .map_err(|source| ScriptError::Read {
-                        path: path(),
-                        source,
-                    })
-                    .and_then(|text| {
-                        let text = String::from_utf8_lossy(&text);
-                        engine
-                            .compile(text.as_ref())
-                            .map_err(|source| ScriptError::Compile {
-                                path: path(),
-                                source,
-                            })
-                    });
-                if let Err(e) = &ast {
+                let ast = match &tool.action {
+                    ToolAction::Script(script) => Some(compile_script(&engine, script)),
+                    ToolAction::Mcp { .. } => None,
+                };
+                if let Some(Err(e)) = &ast {
                     tracing::warn!(tool = %tool.name, "tool script: {e}");
                 }
                 let schema = jsonschema::validator_for(&tool.input_schema);
@@ -97,7 +86,7 @@ impl Registry {
         let mut problems = Vec::new();
         for compiled in &self.tools {
             let name = &compiled.tool.name;
-            if let Err(e) = &compiled.ast {
+            if let Some(Err(e)) = &compiled.ast {
                 problems.push(format!("tool `{name}`: {e}"));
             }
             if let Err(e) = &compiled.schema {
@@ -152,6 +141,19 @@ impl CompiledTool {
         )
         .with_details(serde_json::json!({"errors": problems})))
     }
+}
+
+fn compile_script(engine: &rhai::Engine, script: &Path) -> Result<rhai::AST, ScriptError> {
+    let text = read_limited(script, MAX_SCRIPT_BYTES).map_err(|source| ScriptError::Read {
+        path: script.to_path_buf(),
+        source,
+    })?;
+    engine
+        .compile(String::from_utf8_lossy(&text).as_ref())
+        .map_err(|source| ScriptError::Compile {
+            path: script.to_path_buf(),
+            source,
+        })
 }
 
 fn read_limited(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {

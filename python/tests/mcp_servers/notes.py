@@ -1,0 +1,66 @@
+"""An MCP server written with the official MCP Python SDK (`MCPServer`),
+which the tests run behind `[[tool]]`s of a gateway's policy: the gateway
+starts it in its command sandbox and speaks MCP to it over stdio."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("notes", version="1.0")
+
+
+@server.tool()
+def add(a: int, b: int) -> dict[str, int]:
+    """Adds two numbers (a structured result)."""
+    return {"sum": a + b}
+
+
+@server.tool(structured_output=False)
+def shout(text: str) -> str:
+    """Upper-cases text (a text result)."""
+    return text.upper()
+
+
+@server.tool(structured_output=False)
+def token() -> str:
+    """Tells the secret it was given: the gateway must redact it."""
+    return "the token is " + os.environ.get("NOTES_TOKEN", "(unset)")
+
+
+@server.tool()
+def sees(path: str) -> bool:
+    """Whether a host path exists in the server's world."""
+    return os.path.exists(path)
+
+
+@server.tool()
+def processes() -> int:
+    """How many processes the server's /proc shows."""
+    return sum(1 for p in os.listdir("/proc") if p.isdigit())
+
+
+@server.tool()
+def fail(why: str) -> str:
+    """Fails: an MCP tool error."""
+    raise ToolError(why)
+
+
+@server.tool()
+def crash() -> str:
+    """Exits the server mid-call."""
+    os._exit(3)
+
+
+@server.tool()
+def hang() -> str:
+    """Never answers (the gateway's call_timeout ends it)."""
+    time.sleep(3600)
+    return "late"
+
+
+if __name__ == "__main__":
+    server.run()
