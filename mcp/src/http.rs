@@ -88,6 +88,7 @@ pub async fn serve(
         .enforce_origin_validation()
         .with_max_request_body_bytes(16 << 20);
     let client = front.client.clone();
+    let _following = crate::AbortOnDrop(front.follow_policy_changes());
     let service = StreamableHttpService::new(
         move || Ok(front.clone()),
         Arc::new(LocalSessionManager::default()),

@@ -21,7 +21,7 @@ pub mod http;
 pub mod output;
 pub mod upstream;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use portcullis_client::{Client, ClientError, StreamItem};
@@ -31,9 +31,9 @@ use rmcp::model::{
     InitializeResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ServerCapabilities,
 };
-use rmcp::service::RequestContext as McpContext;
+use rmcp::service::{NotificationContext, Peer, RequestContext as McpContext};
 use rmcp::{RoleServer, ServerHandler, ServiceExt as _};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use catalogue::{CallError, Catalogue, RelayCall, Shape};
 use output::Gathered;
@@ -54,8 +54,21 @@ pub enum McpServeError {
 #[derive(Clone)]
 pub struct Front {
     client: Arc<Client>,
+    granted: Arc<RwLock<Granted>>,
+    /// The MCP clients told when the catalogue changes (one over stdio,
+    /// one per session over HTTP).
+    peers: Arc<Mutex<Vec<Peer<RoleServer>>>>,
+}
+
+/// What the principal is granted, as the gateway last said, and the
+/// catalogue made of it.
+struct Granted {
+    capabilities: Map<String, Value>,
     catalogue: Arc<Catalogue>,
 }
+
+/// Gateway events after which the catalogue is learned again.
+const CHANGES: &[&str] = &["capability.updated", "tool.registered", "tool.unregistered"];
 
 impl Front {
     /// Accepts the session's capabilities and learns the principal's
@@ -64,31 +77,110 @@ impl Front {
         let gateway = |e: ClientError| McpServeError::Gateway(e.to_string());
         client.accept_all().await.map_err(gateway)?;
         let capabilities = client.hello().capabilities.clone();
-        let tools = match capabilities.get("tools") {
-            Some(_) => client
-                .request("tool.list", json!({}))
-                .await
-                .map_err(gateway)?
-                .get("tools")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default(),
-            None => Vec::new(),
-        };
+        let tools = tools_of(&client, &capabilities).await.map_err(gateway)?;
         Ok(Self {
-            catalogue: Arc::new(Catalogue::new(&capabilities, &tools)),
+            granted: Arc::new(RwLock::new(Granted {
+                catalogue: Arc::new(Catalogue::new(&capabilities, &tools)),
+                capabilities,
+            })),
             client: Arc::new(client),
+            peers: Arc::default(),
         })
     }
 
-    pub fn catalogue(&self) -> &Catalogue {
-        &self.catalogue
+    /// The catalogue as it stands.
+    pub fn catalogue(&self) -> Arc<Catalogue> {
+        let granted = self.granted.read().unwrap_or_else(|e| e.into_inner());
+        granted.catalogue.clone()
+    }
+
+    /// Follows the gateway's events: when a policy change alters what the
+    /// principal is granted, learns the catalogue again and tells every
+    /// MCP client whose list changed (`notifications/tools/list_changed`,
+    /// `notifications/resources/list_changed`). Ends with the session.
+    pub fn follow_policy_changes(&self) -> tokio::task::JoinHandle<()> {
+        let front = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    event = front.client.next_event(Duration::from_secs(3600)) => event,
+                    _ = front.client.closed() => return,
+                };
+                let Some(event) = event else { continue };
+                if CHANGES.contains(&event.event.as_str())
+                    && let Err(e) = front.relearn(&event.payload).await
+                {
+                    tracing::warn!("the catalogue could not be learned again: {e}");
+                }
+            }
+        })
+    }
+
+    async fn relearn(&self, payload: &Value) -> Result<(), ClientError> {
+        let mut capabilities = {
+            let granted = self.granted.read().unwrap_or_else(|e| e.into_inner());
+            granted.capabilities.clone()
+        };
+        if let Some(Value::Object(now)) = payload.get("capabilities") {
+            capabilities = now.clone();
+        }
+        let tools = tools_of(&self.client, &capabilities).await?;
+        let catalogue = Arc::new(Catalogue::new(&capabilities, &tools));
+        let (tools_changed, resources_changed) = {
+            let mut granted = self.granted.write().unwrap_or_else(|e| e.into_inner());
+            let before = &granted.catalogue;
+            let changed = (
+                before.mcp_tools() != catalogue.mcp_tools(),
+                before.mcp_resources() != catalogue.mcp_resources(),
+            );
+            *granted = Granted {
+                capabilities,
+                catalogue,
+            };
+            changed
+        };
+        let peers: Vec<Peer<RoleServer>> = {
+            let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+            peers.clone()
+        };
+        let mut gone = Vec::new();
+        for (i, peer) in peers.iter().enumerate() {
+            let told = match (tools_changed, resources_changed) {
+                (false, false) => Ok(()),
+                _ if peer.is_transport_closed() => Err(()),
+                _ => {
+                    let tools = match tools_changed {
+                        true => peer.notify_tool_list_changed().await.map_err(drop),
+                        false => Ok(()),
+                    };
+                    let resources = match resources_changed {
+                        true => peer.notify_resource_list_changed().await.map_err(drop),
+                        false => Ok(()),
+                    };
+                    tools.and(resources)
+                }
+            };
+            if told.is_err() {
+                gone.push(i);
+            }
+        }
+        if !gone.is_empty() {
+            let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+            let mut i = 0;
+            peers.retain(|_| {
+                let keep = !gone.contains(&i);
+                i += 1;
+                keep
+            });
+        }
+        Ok(())
     }
 
     /// Serves MCP on standard input and output until the client closes
     /// them (or the gateway's session ends).
     pub async fn serve_stdio(self) -> Result<(), McpServeError> {
         let client = self.client.clone();
+        let _following = AbortOnDrop(self.follow_policy_changes());
         let running = self
             .serve(rmcp::transport::stdio())
             .await
@@ -229,6 +321,32 @@ impl Front {
 }
 
 /// The gateway's session ended under a call.
+/// Aborts a task when dropped: it ends with what started it.
+pub(crate) struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The principal's operator tools (`tool.list`), when it has the
+/// capability.
+async fn tools_of(
+    client: &Client,
+    capabilities: &Map<String, Value>,
+) -> Result<Vec<Value>, ClientError> {
+    if !capabilities.contains_key("tools") {
+        return Ok(Vec::new());
+    }
+    let listed = client.request("tool.list", json!({})).await?;
+    Ok(listed
+        .get("tools")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default())
+}
+
 fn gone(error: &ClientError) -> ErrorBody {
     ErrorBody::new(ErrorCode::RelayDisconnected, error.to_string())
 }
@@ -254,8 +372,10 @@ fn internal(why: impl std::fmt::Display) -> McpError {
 
 impl ServerHandler for Front {
     fn get_info(&self) -> InitializeResult {
-        let capabilities: ServerCapabilities =
-            serde_json::from_value(json!({"tools": {}, "resources": {}})).unwrap_or_default();
+        let capabilities: ServerCapabilities = serde_json::from_value(
+            json!({"tools": {"listChanged": true}, "resources": {"listChanged": true}}),
+        )
+        .unwrap_or_default();
         let mut info = InitializeResult::new(capabilities).with_instructions(
             "Files, commands and tools of a portcullis gateway. Paths are the gateway's virtual \
              paths (the roots are the resources). Every call is decided by the gateway's policy \
@@ -266,12 +386,18 @@ impl ServerHandler for Front {
         info
     }
 
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers.retain(|peer| !peer.is_transport_closed());
+        peers.push(context.peer);
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
         _context: McpContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        serde_json::from_value(json!({"tools": self.catalogue.mcp_tools()})).map_err(internal)
+        serde_json::from_value(json!({"tools": self.catalogue().mcp_tools()})).map_err(internal)
     }
 
     async fn call_tool(
@@ -280,7 +406,7 @@ impl ServerHandler for Front {
         context: McpContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let args = request.arguments.unwrap_or_default();
-        let call = match self.catalogue.call(&request.name, &args) {
+        let call = match self.catalogue().call(&request.name, &args) {
             Ok(call) => call,
             Err(e @ CallError::UnknownTool(_)) => {
                 return Err(McpError::invalid_params(e.to_string(), None));
@@ -309,7 +435,7 @@ impl ServerHandler for Front {
         _request: Option<PaginatedRequestParams>,
         _context: McpContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        serde_json::from_value(json!({"resources": self.catalogue.mcp_resources()}))
+        serde_json::from_value(json!({"resources": self.catalogue().mcp_resources()}))
             .map_err(internal)
     }
 
@@ -319,7 +445,7 @@ impl ServerHandler for Front {
         context: McpContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let call = self
-            .catalogue
+            .catalogue()
             .resource_call(&request.uri)
             .map_err(|e| McpError::resource_not_found(e.to_string(), None))?;
         let (text, mime) = match self.relay(call, &context).await.map_err(internal)? {

@@ -8,15 +8,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx2
+import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult, TextContent, TextResourceContents
+from mcp.shared.exceptions import MCPError
+from mcp.types import (
+    CallToolResult,
+    ResourceListChangedNotification,
+    TextContent,
+    TextResourceContents,
+    ToolListChangedNotification,
+)
 
 from conftest import Gateway, binary
 
@@ -326,3 +335,35 @@ async def test_streamable_http_with_a_bearer_token_on_loopback(gateway: Gateway)
         e.get("method") == "file.write" and str(e.get("tool_call_id", "")).startswith("mcp-")
         for e in gateway.audit()
     )
+
+
+async def test_a_policy_change_is_told_as_a_changed_tool_list(gateway: Gateway) -> None:
+    heard: list[object] = []
+
+    async def on_message(message: object) -> None:
+        heard.append(message)
+
+    async with stdio_client(server(gateway)) as (read, write):
+        async with ClientSession(read, write, message_handler=on_message) as s:
+            await s.initialize()
+            before = {t.name for t in (await s.list_tools()).tools}
+            assert "greet" in before
+            # The operator takes the tools away and reloads.
+            policy = gateway.dir / "policy.toml"
+            text = policy.read_text()
+            edited = text.replace('tools = { allow = ["greet"] }\n', "")
+            assert edited != text
+            policy.write_text(edited)
+            gateway.process.send_signal(signal.SIGHUP)
+            for _ in range(100):
+                if any(isinstance(m, ToolListChangedNotification) for m in heard):
+                    break
+                await asyncio.sleep(0.1)
+            assert any(isinstance(m, ToolListChangedNotification) for m in heard), heard
+            # The roots did not change: no word about resources.
+            assert not any(isinstance(m, ResourceListChangedNotification) for m in heard), heard
+            after = {t.name for t in (await s.list_tools()).tools}
+            assert after == before - {"greet"}, after
+            # No longer a tool: MCP's error for an unknown tool.
+            with pytest.raises(MCPError, match="no tool `greet`"):
+                await s.call_tool("greet", {"name": "x"})
