@@ -2,7 +2,7 @@
 //! (rmcp's client over the server's stdout and stdin), so the daemon can
 //! offer that server's tools as operator tools. Knows nothing of processes,
 //! sandboxes or policy — the daemon starts the server and hands over its
-//! pipes.
+//! pipes, or names a loopback URL where one already runs.
 //!
 //! Everything the server sends is untrusted: one message is at most
 //! `max_message` bytes (a longer line is dropped by rmcp's reader, the
@@ -16,6 +16,9 @@ use rmcp::model::{
 };
 use rmcp::service::{RoleClient, RunningService, ServiceError};
 use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+};
 use rmcp::{ClientHandler, ServiceExt as _};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -88,6 +91,41 @@ impl Upstream {
     {
         let transport = AsyncRwTransport::<RoleClient, _, _>::new(read, write)
             .with_max_line_length(max_message);
+        Self::start(transport, limit).await
+    }
+
+    /// Runs MCP's handshake with a server on loopback over Streamable
+    /// HTTP (no proxy, no redirects; `bearer` as its token) and lists its
+    /// tools, within `limit`.
+    pub async fn connect_http(
+        url: &str,
+        bearer: Option<String>,
+        max_message: usize,
+        limit: Duration,
+    ) -> Result<Self, UpstreamError> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| UpstreamError::Handshake(e.to_string()))?;
+        let mut config = StreamableHttpClientTransportConfig::with_uri(url)
+            .max_sse_event_size(max_message)
+            .max_json_response_size(max_message);
+        if let Some(token) = bearer {
+            config = config.auth_header(token);
+        }
+        Self::start(
+            StreamableHttpClientTransport::with_client(client, config),
+            limit,
+        )
+        .await
+    }
+
+    async fn start<T, E, A>(transport: T, limit: Duration) -> Result<Self, UpstreamError>
+    where
+        T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let connect = async {
             let service = Gateway
                 .serve(transport)

@@ -639,35 +639,66 @@ impl Validator<'_> {
     fn mcp_server(&mut self, raw: RawMcpServer, known: &Known) -> McpServer {
         let name = self.id("mcp_server", &raw.name);
         let owner = format!("mcp_server `{name}`");
-        let command_span = raw.command.span();
-        let command: Vec<String> = raw
-            .command
-            .into_inner()
-            .into_iter()
-            .map(Spanned::into_inner)
-            .collect();
-        match command.first() {
-            None => self.error(
-                command_span.clone(),
-                format!("{owner}: command must name a program, e.g. [\"python3\", \"/opt/mcp/server.py\"]"),
-            ),
-            Some(program)
-                if program.is_empty()
-                    || (program.contains('/') && !program.starts_with('/')) =>
-            {
-                self.error(
-                    command_span.clone(),
-                    format!("{owner}: the program must be a bare name or an absolute path"),
-                )
-            }
-            Some(_) => {}
-        }
-        if command.iter().any(|a| a.contains('\0')) {
+        let bearer_secret = raw.bearer_secret;
+        if let (Some(_), Some(secret)) = (&raw.command, &bearer_secret) {
             self.error(
-                command_span,
-                format!("{owner}: command contains a NUL byte"),
+                secret.span(),
+                format!("{owner}: bearer_secret is for a `url` server; give a started one its secrets in `secrets`"),
             );
         }
+        let reach = match (raw.command, raw.url) {
+            (Some(command), None) => McpReach::Start {
+                command: self.mcp_command(&owner, command),
+            },
+            (None, Some(url)) => {
+                if let Err(why) = check_loopback_url(url.get_ref()) {
+                    self.error(url.span(), format!("{owner}: url {why}"));
+                }
+                let started_only = [
+                    ("roots", !raw.roots.is_empty()),
+                    ("cwd", raw.cwd.is_some()),
+                    ("env", !raw.env.is_empty()),
+                    ("secrets", !raw.secrets.is_empty()),
+                    ("network", raw.network.is_some()),
+                    ("max_memory", raw.max_memory.is_some()),
+                    ("max_pids", raw.max_pids.is_some()),
+                ];
+                for (key, _) in started_only.iter().filter(|(_, set)| *set) {
+                    self.error(
+                        url.span(),
+                        format!("{owner}: `{key}` is for a server the gateway starts (`command`), not one it reaches at a url"),
+                    );
+                }
+                McpReach::Http {
+                    url: url.into_inner(),
+                    bearer_secret: bearer_secret.map(|secret| {
+                        if !valid_id(secret.get_ref()) {
+                            self.error(
+                                secret.span(),
+                                format!(
+                                    "{owner}: secret name `{}` must be {ID_RULE}",
+                                    secret.get_ref()
+                                ),
+                            );
+                        }
+                        secret.into_inner()
+                    }),
+                }
+            }
+            (command, url) => {
+                let span = url
+                    .map(|u| u.span())
+                    .or(command.map(|c| c.span()))
+                    .unwrap_or(raw.name.span());
+                self.error(
+                    span,
+                    format!("{owner}: give either `command` (a server the gateway starts) or `url` (one on loopback it reaches), exactly one"),
+                );
+                McpReach::Start {
+                    command: Vec::new(),
+                }
+            }
+        };
         let mut roots = BTreeMap::new();
         for (root, mode) in raw.roots {
             self.known_root(&owner, &root, known);
@@ -720,7 +751,7 @@ impl Validator<'_> {
         McpServer {
             name,
             description: raw.description,
-            command,
+            reach,
             roots,
             cwd: raw.cwd.map(Spanned::into_inner),
             env,
@@ -739,6 +770,34 @@ impl Validator<'_> {
             },
             sandbox: raw.sandbox,
         }
+    }
+
+    fn mcp_command(&mut self, owner: &str, raw: Spanned<Vec<Spanned<String>>>) -> Vec<String> {
+        let span = raw.span();
+        let command: Vec<String> = raw
+            .into_inner()
+            .into_iter()
+            .map(Spanned::into_inner)
+            .collect();
+        match command.first() {
+            None => self.error(
+                span.clone(),
+                format!("{owner}: command must name a program, e.g. [\"python3\", \"/opt/mcp/server.py\"]"),
+            ),
+            Some(program)
+                if program.is_empty() || (program.contains('/') && !program.starts_with('/')) =>
+            {
+                self.error(
+                    span.clone(),
+                    format!("{owner}: the program must be a bare name or an absolute path"),
+                )
+            }
+            Some(_) => {}
+        }
+        if command.iter().any(|a| a.contains('\0')) {
+            self.error(span, format!("{owner}: command contains a NUL byte"));
+        }
+        command
     }
 
     fn env_name(&mut self, owner: &str, name: &Spanned<String>) {
@@ -801,6 +860,33 @@ pub fn valid_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+}
+
+/// An MCP server's `url`: `http://` and a loopback host (`127.0.0.0/8`,
+/// `[::1]`, `localhost`) with a port — the server is on this host, and
+/// nothing but loopback is reached (TLS would add nothing there).
+fn check_loopback_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or("must start with http:// (a server on this host's loopback)")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err("must not carry credentials (use bearer_secret)".into());
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map(|(h, _)| h).unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        return Err(format!(
+            "host `{host}` is not loopback (127.0.0.1, [::1] or localhost)"
+        ));
+    }
+    Ok(())
 }
 
 fn valid_env_name(name: &str) -> bool {

@@ -306,6 +306,21 @@ pub enum ToolAction {
     Mcp { server: String, tool: String },
 }
 
+/// How the daemon reaches an MCP server.
+#[derive(Debug, Clone, Serialize)]
+pub enum McpReach {
+    /// It starts the server: the program (an absolute path, or a name
+    /// looked up on the `PATH` of `env`) and its arguments; MCP over its
+    /// stdin and stdout.
+    Start { command: Vec<String> },
+    /// A server already running on this host: Streamable HTTP at a
+    /// loopback `http://` URL, with a bearer token from a secret.
+    Http {
+        url: String,
+        bearer_secret: Option<String>,
+    },
+}
+
 /// A local MCP server the daemon starts in the command sandbox (the same
 /// world, Landlock, seccomp and cgroup as `shell.*`), speaking MCP over
 /// its stdin and stdout. Its tools are reached only through `[[tool]]`s
@@ -314,9 +329,7 @@ pub enum ToolAction {
 pub struct McpServer {
     pub name: String,
     pub description: Option<String>,
-    /// The program (an absolute path, or a name looked up on the `PATH` of
-    /// `env`) and its arguments.
-    pub command: Vec<String>,
+    pub reach: McpReach,
     /// Roots its world shows, each `ro` or `rw`.
     pub roots: BTreeMap<String, Mode>,
     /// The root it starts in.

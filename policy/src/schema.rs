@@ -208,7 +208,15 @@ pub(crate) struct RawMcpServer {
     pub name: Spanned<String>,
     #[serde(default)]
     pub description: Option<String>,
-    pub command: Spanned<Vec<Spanned<String>>>,
+    /// A server the gateway starts (stdio)…
+    #[serde(default)]
+    pub command: Option<Spanned<Vec<Spanned<String>>>>,
+    /// …or one it reaches: Streamable HTTP on loopback.
+    #[serde(default)]
+    pub url: Option<Spanned<String>>,
+    /// The secret sent as the bearer token to a `url` server.
+    #[serde(default)]
+    pub bearer_secret: Option<Spanned<String>>,
     /// Root id → `"ro"` or `"rw"`: what of the host its world shows.
     #[serde(default)]
     pub roots: BTreeMap<Spanned<String>, Mode>,

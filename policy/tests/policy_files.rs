@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use portcullis_policy::{DEFAULT_POLICY, Mode, Network, SandboxMode, ToolAction, parse};
+use portcullis_policy::{DEFAULT_POLICY, McpReach, Mode, Network, SandboxMode, ToolAction, parse};
 
 #[test]
 fn the_default_policy_is_valid() {
@@ -130,4 +130,37 @@ input_schema = { type = "object" }
     assert_eq!(terms.network, Network::Deny);
     assert_eq!((terms.max_processes, terms.limits.pids), (16, Some(16)));
     assert_eq!(terms.sandbox, SandboxMode::Require);
+}
+
+#[test]
+fn an_mcp_server_on_loopback_is_reached_at_its_url() {
+    for (url, ok) in [
+        ("http://127.0.0.1:8931/mcp", true),
+        ("http://[::1]:8931/mcp", true),
+        ("http://localhost:8931/mcp", true),
+        ("https://127.0.0.1:8931/mcp", false),
+        ("http://user:pw@127.0.0.1:8931/mcp", false),
+        ("http://127.0.0.1.example.com:80/mcp", false),
+        ("http://[::2]:8931/mcp", false),
+    ] {
+        let text = format!(
+            "[[mcp_server]]\nname = \"search\"\nurl = \"{url}\"\nbearer_secret = \"search_token\"\n"
+        );
+        let parsed = parse(&text, "policy.toml", Path::new("/etc/portcullis"));
+        assert_eq!(parsed.is_ok(), ok, "{url}: {:?}", parsed.err());
+        if let Ok(policy) = parsed {
+            match &policy.mcp_server("search").unwrap().reach {
+                McpReach::Http {
+                    url: u,
+                    bearer_secret,
+                } => {
+                    assert_eq!(
+                        (u.as_str(), bearer_secret.as_deref()),
+                        (url, Some("search_token"))
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 }

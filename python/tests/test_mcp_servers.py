@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -328,3 +329,92 @@ async def test_a_hostile_server_s_garbage_and_floods_cost_only_its_own_calls(
     assert time.monotonic() - began < 15
     # The gateway is still whole: its own status answers.
     assert mcp_gateway.process.poll() is None
+
+
+HTTP_POLICY = """
+[[principal]]
+id = "alice"
+public_key = "ALICE_KEY"
+
+[[mcp_server]]
+name = "remote"
+url = "http://127.0.0.1:PORT/mcp"
+bearer_secret = "remote_token"
+
+[[mcp_server]]
+name = "impostor"
+url = "http://127.0.0.1:PORT/mcp"
+bearer_secret = "wrong_token"
+
+[[tool]]
+name = "remote_add"
+description = "Adds, on a server reached over HTTP"
+risk = "low"
+approval_policy = "allow"
+mcp = { server = "remote", tool = "add" }
+input_schema = { type = "object", properties = { a = { type = "integer" }, b = { type = "integer" } } }
+
+[[tool]]
+name = "remote_token"
+description = "Tells the server's token"
+risk = "low"
+approval_policy = "allow"
+mcp = { server = "remote", tool = "token" }
+input_schema = { type = "object" }
+
+[[tool]]
+name = "impostor_add"
+description = "The same server, with the wrong token"
+risk = "low"
+approval_policy = "allow"
+mcp = { server = "impostor", tool = "add" }
+input_schema = { type = "object" }
+
+[[grant]]
+id = "alice"
+principals = ["alice"]
+tools = { allow = ["*"] }
+"""
+
+
+async def test_a_server_on_loopback_is_reached_over_streamable_http_with_its_token(
+    tmp_path: Path,
+) -> None:
+    token = "rt-" + os.urandom(8).hex()
+    port_file = tmp_path / "port"
+    # The SDK's server over Streamable HTTP, as an operator would run it
+    # beside the gateway; it tells its own token back through `token`.
+    server = subprocess.Popen(
+        [sys.executable, str(SERVERS / "notes.py"), "--http", str(port_file), token],
+        env={**os.environ, "NOTES_TOKEN": token},
+    )
+    try:
+        for _ in range(200):
+            if port_file.exists():
+                break
+            await asyncio.sleep(0.05)
+        port = port_file.read_text()
+        gateway = start_gateway(
+            HTTP_POLICY.replace("PORT", port), 'secrets_dir = "secrets"'
+        )
+        try:
+            (gateway.dir / "secrets").mkdir()
+            (gateway.dir / "secrets" / "remote_token").write_text(token)
+            (gateway.dir / "secrets" / "wrong_token").write_text("not-the-token")
+            client = await gateway.connect()
+            try:
+                assert await client.tools.call("remote_add", {"a": 20, "b": 22}) == {"sum": 42}
+                told = await client.tools.call("remote_token", {})
+                assert told == "the token is [REDACTED:remote_token]", told
+                with pytest.raises(portcullis.ProviderError, match="cannot start"):
+                    await client.tools.call("impostor_add", {"a": 1, "b": 1})
+            finally:
+                await client.close()
+            assert token not in json.dumps(gateway.audit())
+            assert token not in (gateway.dir / "stderr.log").read_text()
+        finally:
+            gateway.stop()
+            shutil.rmtree(gateway.dir, ignore_errors=True)
+    finally:
+        server.terminate()
+        server.wait(10)

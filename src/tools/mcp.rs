@@ -1,4 +1,6 @@
 //! Operator tools backed by local MCP servers (`[[mcp_server]]`).
+//! One with a `url` is reached over Streamable HTTP on loopback instead of
+//! started; the rest holds for it too, but for the process.
 //!
 //! A server is started on its first call, through the shell provider's
 //! spawn — the same world, Landlock, seccomp, cgroup and egress as a
@@ -23,7 +25,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use portcullis_mcp::upstream::{Upstream, UpstreamError};
-use portcullis_policy::McpServer;
+use portcullis_policy::{McpReach, McpServer};
 use portcullis_wire::frame::{ErrorBody, ErrorCode};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt as _;
@@ -338,11 +340,50 @@ impl Server {
 }
 
 impl McpServers {
-    /// Starts the server in the command sandbox and runs MCP's handshake.
+    /// Starts the server (or reaches it) and runs MCP's handshake.
     async fn start(
         &self,
         call: &Call,
         definition: &McpServer,
+        failures: u32,
+    ) -> Result<Connection, String> {
+        match &definition.reach {
+            McpReach::Start { command } => self.launch(call, definition, command, failures).await,
+            McpReach::Http { url, bearer_secret } => {
+                let names: Vec<String> = bearer_secret.iter().cloned().collect();
+                let secrets = Arc::new(
+                    Secrets::load(&names, self.0.secrets_dir.as_deref()).map_err(|e| e.message)?,
+                );
+                let token = bearer_secret
+                    .as_deref()
+                    .and_then(|name| secrets.get(name))
+                    .map(str::to_string);
+                let upstream = Upstream::connect_http(url, token, MAX_MESSAGE, START_LIMIT)
+                    .await
+                    .map_err(|e| secrets.redact_text(&e.to_string()))?;
+                tracing::info!(
+                    server = %definition.name,
+                    tools = upstream.tools().len(),
+                    "MCP server reached at {url}"
+                );
+                Ok(Connection {
+                    upstream,
+                    secrets,
+                    stop: CancellationToken::new(),
+                    exit: Arc::default(),
+                    failures: AtomicU32::new(failures),
+                })
+            }
+        }
+    }
+
+    /// Starts a stdio server in the command sandbox and runs MCP's
+    /// handshake over its pipes.
+    async fn launch(
+        &self,
+        call: &Call,
+        definition: &McpServer,
+        command: &[String],
         failures: u32,
     ) -> Result<Connection, String> {
         let name = &definition.name;
@@ -371,13 +412,7 @@ impl McpServers {
         // The call's own start entry is durable: the registry waited.
         let mut entry = StartEntry::durable();
         let mut running = shell
-            .spawn(
-                link,
-                &terms,
-                &definition.command,
-                Io::Piped { stdin: true },
-                &mut entry,
-            )
+            .spawn(link, &terms, command, Io::Piped { stdin: true }, &mut entry)
             .await
             .map_err(|e| e.message)?;
         let (Some(stdin), Some(stdout), stderr) = (

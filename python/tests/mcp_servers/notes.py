@@ -5,7 +5,9 @@ starts it in its command sandbox and speaks MCP to it over stdio."""
 from __future__ import annotations
 
 import os
+import sys
 import time
+from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -62,5 +64,34 @@ def hang() -> str:
     return "late"
 
 
+def serve_http(port_file: str, token: str) -> None:
+    """Streamable HTTP on 127.0.0.1 (a port of the kernel's choice, written
+    to `port_file`); a request without `Authorization: Bearer <token>` is
+    refused with 401."""
+    import socket
+
+    import uvicorn
+
+    app = server.streamable_http_app()
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b"a bearer token is required"})
+            return
+        await app(scope, receive, send)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    with open(port_file + ".tmp", "w") as f:
+        f.write(str(sock.getsockname()[1]))
+    os.rename(port_file + ".tmp", port_file)
+    uvicorn.Server(uvicorn.Config(guarded, log_level="warning")).run(sockets=[sock])
+
+
 if __name__ == "__main__":
-    server.run()
+    if len(sys.argv) == 4 and sys.argv[1] == "--http":
+        serve_http(sys.argv[2], sys.argv[3])
+    else:
+        server.run()
