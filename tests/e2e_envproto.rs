@@ -453,16 +453,23 @@ async fn a_runtime_from_the_spec_alone_uses_files_commands_processes_and_session
     assert_eq!(none.lines().count(), 1, "only the header: {none}");
 }
 
-#[tokio::test]
-async fn the_same_client_over_the_environment_socket_of_a_running_daemon() {
+/// The test policy with this process's uid as the principal's
+/// `unix_uid` (the environment socket's peer).
+fn policy_with_my_uid() -> String {
     let uid = my_uid();
-    let policy = POLICY.replace(
+    POLICY.replace(
         "KEY\"",
         &format!(
             "{}\"\nunix_uid = {uid}",
             common::key_b64(&StaticKeypair::generate().unwrap())
         ),
-    );
+    )
+}
+
+#[tokio::test]
+async fn the_same_client_over_the_environment_socket_of_a_running_daemon() {
+    let uid = my_uid();
+    let policy = policy_with_my_uid();
     let mut gateway = common::Gateway::start(&policy, "environment_socket = \"env.sock\"");
     let socket = gateway.dir.join("env.sock");
     let mut rpc = Rpc::unix(&socket).await;
@@ -798,14 +805,7 @@ async fn portcullis_websocket_connect_dials_one_endpoint_and_serves_it() {
 async fn the_environment_socket_refuses_a_peer_in_another_namespace() {
     // As a sandboxed command would reach it: the same uid (the principal's
     // unix_uid), but a user namespace that is not the daemon's.
-    let uid = my_uid();
-    let policy = POLICY.replace(
-        "KEY\"",
-        &format!(
-            "{}\"\nunix_uid = {uid}",
-            common::key_b64(&StaticKeypair::generate().unwrap())
-        ),
-    );
+    let policy = policy_with_my_uid();
     let gateway = common::Gateway::start(&policy, "environment_socket = \"env.sock\"");
     let first_line = |prefix: &[&str]| {
         let program = format!(

@@ -156,10 +156,12 @@ impl Upstream {
         let version = server
             .pointer("/serverInfo/version")
             .and_then(Value::as_str);
-        Some(match version {
+        let said = match version {
             Some(v) => format!("{name} {v}"),
             None => name,
-        })
+        };
+        // Its own words, for a log line: bounded.
+        Some(said.chars().take(80).collect())
     }
 
     /// Whether the connection has ended (the server exited or closed it).

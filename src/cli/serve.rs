@@ -355,12 +355,13 @@ const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Logs go to the journal, with their fields, when stderr is the journal
 /// (under systemd); to stderr as text otherwise. `RUST_LOG` filters
-/// (default `info`).
+/// (default `info`, and `warn` for rmcp: its `info` lines carry what an
+/// MCP server says of itself, whole — the daemon logs its own account).
 pub fn init_logging() {
     use tracing_subscriber::layer::SubscriberExt;
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"))
     };
     if systemd::stderr_is_journal()
         && let Ok(journald) = tracing_journald::layer()

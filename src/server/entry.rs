@@ -84,16 +84,11 @@ pub fn complete(
     }
 }
 
-/// The 0.92 profile's name for an error: a handle of an earlier run
-/// (`details.lost`) is `process_lost` or `session_lost`, others as
-/// `portcullis_wire::envproto` names their code.
+/// The 0.92 profile's name for an error (`envproto::codes::error_name`);
+/// a lost handle is a session's when its details say `terminal`.
 pub fn error_name(code: ErrorCode, details: Option<&Value>) -> &'static str {
-    let flag = |name: &str| details.and_then(|d| d.get(name)?.as_bool()) == Some(true);
-    match (flag("lost"), flag("terminal")) {
-        (true, true) => "session_lost",
-        (true, false) => "process_lost",
-        _ => portcullis_wire::envproto::codes::name_of(code),
-    }
+    let session = details.and_then(|d| d.get("terminal")?.as_bool()) == Some(true);
+    portcullis_wire::envproto::codes::error_name(code, details, session)
 }
 
 /// The process, watch or resource a request's params name (the spec's

@@ -177,7 +177,17 @@ impl McpServers {
             () = call.cancel.cancelled() => return Err(cancelled()),
         };
         if !connection.upstream.tools().iter().any(|t| t == tool) {
-            let listed = connection.upstream.tools().join(", ");
+            // The server's words: a few, each cut short.
+            let tools = connection.upstream.tools();
+            let mut listed: Vec<String> = tools
+                .iter()
+                .take(20)
+                .map(|t| t.chars().take(64).collect())
+                .collect();
+            if tools.len() > 20 {
+                listed.push(format!("and {} more", tools.len() - 20));
+            }
+            let listed = listed.join(", ");
             return Err(ErrorBody::new(
                 ErrorCode::NotFound,
                 format!(

@@ -48,6 +48,26 @@ pub fn name_of(code: ErrorCode) -> &'static str {
     }
 }
 
+/// The spec's name for a relay error: a handle of an earlier run (a
+/// `not_found` with `details.lost`) is `session_lost` when it named a
+/// shell session, `process_lost` otherwise; other errors as [`name_of`].
+pub fn error_name(
+    code: ErrorCode,
+    details: Option<&serde_json::Value>,
+    session: bool,
+) -> &'static str {
+    let lost = code == ErrorCode::NotFound
+        && details
+            .and_then(|d| d.get("lost"))
+            .and_then(serde_json::Value::as_bool)
+            == Some(true);
+    match (lost, session) {
+        (true, true) => "session_lost",
+        (true, false) => "process_lost",
+        (false, _) => name_of(code),
+    }
+}
+
 /// The relay error code for a symbolic name a runtime answered with (a
 /// request the gateway sent it); names the relay lacks are
 /// `provider_error`.

@@ -1223,13 +1223,6 @@ fn text_or_base64(out: &mut Value, field: &str, bytes: &[u8]) {
 /// of an earlier run of the gateway is lost, not merely not found.
 fn error_message(rpc_id: Value, call: &Call, error: &ErrorBody) -> Value {
     let shape = call.shape;
-    let lost = error.code == ErrorCode::NotFound
-        && error
-            .details
-            .as_ref()
-            .and_then(|d| d.get("lost"))
-            .and_then(Value::as_bool)
-            == Some(true);
     let session = matches!(
         shape,
         Shape::Started { session: true }
@@ -1238,11 +1231,7 @@ fn error_message(rpc_id: Value, call: &Call, error: &ErrorBody) -> Value {
             | Shape::Handle { session: true }
             | Shape::Kill { session: true }
     );
-    let name = match (lost, session) {
-        (true, true) => "session_lost",
-        (true, false) => "process_lost",
-        (false, _) => codes::name_of(error.code),
-    };
+    let name = codes::error_name(error.code, error.details.as_ref(), session);
     let mut data = Map::new();
     data.insert("recoverable".into(), json!(error.recoverable));
     if error.code != ErrorCode::Unrecognized && name != error.code.as_str() {
