@@ -84,6 +84,8 @@ def serve_http(port_file: str, token: str) -> None:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    # Listening before the port is told: a connection waits for uvicorn.
+    sock.listen(128)
     with open(port_file + ".tmp", "w") as f:
         f.write(str(sock.getsockname()[1]))
     os.rename(port_file + ".tmp", port_file)
