@@ -597,16 +597,7 @@ impl Validator<'_> {
         };
         let mut secrets = Vec::new();
         for secret in raw.secrets {
-            if !valid_id(secret.get_ref()) {
-                self.error(
-                    secret.span(),
-                    format!(
-                        "tool `{name}`: secret name `{}` must be {ID_RULE}",
-                        secret.get_ref()
-                    ),
-                );
-            }
-            secrets.push(secret.into_inner());
+            secrets.push(self.secret_name(&format!("tool `{name}`"), secret));
         }
         Tool {
             name,
@@ -671,18 +662,7 @@ impl Validator<'_> {
                 }
                 McpReach::Http {
                     url: url.into_inner(),
-                    bearer_secret: bearer_secret.map(|secret| {
-                        if !valid_id(secret.get_ref()) {
-                            self.error(
-                                secret.span(),
-                                format!(
-                                    "{owner}: secret name `{}` must be {ID_RULE}",
-                                    secret.get_ref()
-                                ),
-                            );
-                        }
-                        secret.into_inner()
-                    }),
+                    bearer_secret: bearer_secret.map(|secret| self.secret_name(&owner, secret)),
                 }
             }
             (command, url) => {
@@ -722,15 +702,6 @@ impl Validator<'_> {
         let mut secrets = BTreeMap::new();
         for (key, secret) in raw.secrets {
             self.env_name(&owner, &key);
-            if !valid_id(secret.get_ref()) {
-                self.error(
-                    secret.span(),
-                    format!(
-                        "{owner}: secret name `{}` must be {ID_RULE}",
-                        secret.get_ref()
-                    ),
-                );
-            }
             if env.contains_key(key.get_ref()) {
                 self.error(
                     key.span(),
@@ -740,7 +711,8 @@ impl Validator<'_> {
                     ),
                 );
             }
-            secrets.insert(key.into_inner(), secret.into_inner());
+            let secret = self.secret_name(&owner, secret);
+            secrets.insert(key.into_inner(), secret);
         }
         let pids = raw.max_pids.map(|pids| {
             if *pids.get_ref() == 0 {
@@ -798,6 +770,20 @@ impl Validator<'_> {
             self.error(span, format!("{owner}: command contains a NUL byte"));
         }
         command
+    }
+
+    /// A secret's name: a file of the secrets directory, so an id.
+    fn secret_name(&mut self, owner: &str, secret: Spanned<String>) -> String {
+        if !valid_id(secret.get_ref()) {
+            self.error(
+                secret.span(),
+                format!(
+                    "{owner}: secret name `{}` must be {ID_RULE}",
+                    secret.get_ref()
+                ),
+            );
+        }
+        secret.into_inner()
     }
 
     fn env_name(&mut self, owner: &str, name: &Spanned<String>) {

@@ -44,6 +44,8 @@ const START_LIMIT: Duration = Duration::from_secs(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Lines of a server's stderr logged per start; the rest are counted.
 const STDERR_LINES: u32 = 200;
+/// Characters of a server's error text put in an error message.
+const MESSAGE_CHARS: usize = 4096;
 /// Bytes of one stderr line logged.
 const STDERR_LINE_BYTES: usize = 512;
 
@@ -215,7 +217,8 @@ impl McpServers {
             Ok(Err(UpstreamError::Remote { code, message })) => {
                 return Err(secrets.redact_error(
                     provider_error(format!(
-                        "MCP server `{name}` refused the call of `{tool}`: {message}"
+                        "MCP server `{name}` refused the call of `{tool}`: {}",
+                        cut(&message)
                     ))
                     .with_details(json!({"mcp_error_code": code})),
                 ));
@@ -235,12 +238,34 @@ impl McpServers {
                 .unwrap_or_else(|| "(no text content)".to_string());
             return Err(secrets.redact_error(
                 provider_error(format!(
-                    "tool `{tool}` of MCP server `{name}` failed: {text}"
+                    "tool `{tool}` of MCP server `{name}` failed: {}",
+                    cut(&text)
                 ))
-                .with_details(json!({"content": answer.content})),
+                .with_details(match serde_json::to_string(&answer.content) {
+                    Ok(text) if text.len() <= MESSAGE_CHARS * 4 => {
+                        json!({"content": answer.content})
+                    }
+                    _ => json!({"content_omitted": "longer than an error's details may be"}),
+                }),
             ));
         }
-        Ok(secrets.redact(answer.value()))
+        let value = answer.value();
+        let size = serde_json::to_string(&value).map_or(0, |text| text.len());
+        if size > call.max_result {
+            return Err(provider_error(format!(
+                "MCP server `{name}` answered {size} bytes; a result may take {}",
+                call.max_result
+            )));
+        }
+        Ok(secrets.redact(value))
+    }
+}
+
+/// A server's words in a message of ours: at most [`MESSAGE_CHARS`].
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(MESSAGE_CHARS) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
     }
 }
 
