@@ -91,7 +91,7 @@ mod tests {
         let providers = Daemon::assemble(&config, audit, handles).providers;
         let mut declared: Vec<&str> = providers.methods().map(|m| m.name).collect();
         declared.sort_unstable();
-        assert_eq!(declared.len(), 32, "{declared:?}");
+        assert_eq!(declared.len(), 33, "{declared:?}");
         for method in providers.methods() {
             assert_eq!(
                 portcullis_policy::capability_of(method.name),

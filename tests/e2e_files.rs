@@ -132,6 +132,10 @@ fn attempts(root: &str, path: &str) -> Vec<(&'static str, Value)> {
         ("file.list", p(json!({}))),
         ("file.write", p(json!({"content": "pwned"}))),
         ("file.append", p(json!({"content": "pwned"}))),
+        (
+            "file.edit",
+            p(json!({"edits": [{"old_text": "TOP SECRET", "new_text": "pwned"}]})),
+        ),
         ("file.mkdir", p(json!({"parents": true}))),
         ("file.delete", p(json!({"recursive": true}))),
         ("file.move", p(json!({"to_path": "moved"}))),
@@ -215,6 +219,7 @@ async fn the_escape_corpus_fails_and_leaves_the_outside_untouched() {
                 "file.read"
                     | "file.write"
                     | "file.append"
+                    | "file.edit"
                     | "file.list"
                     | "file.search"
                     | "file.watch"
@@ -237,6 +242,10 @@ async fn the_escape_corpus_fails_and_leaves_the_outside_untouched() {
             (
                 "file.append",
                 json!({"root_id": root, "path": path, "content": "x"}),
+            ),
+            (
+                "file.edit",
+                json!({"root_id": root, "path": path, "edits": [{"old_text": "TOP", "new_text": "x"}]}),
             ),
             (
                 "file.search",
@@ -373,6 +382,10 @@ async fn read_only_roots_are_never_modified() {
             docs(json!({"path": "new.md", "content": "new"})),
         ),
         ("file.append", docs(json!({"content": "more"}))),
+        (
+            "file.edit",
+            docs(json!({"edits": [{"old_text": "read", "new_text": "edit"}]})),
+        ),
         ("file.mkdir", docs(json!({"path": "newdir"}))),
         ("file.delete", docs(json!({}))),
         (
@@ -1268,4 +1281,63 @@ fn policy_without_main(gw: &Gateway) -> String {
     let narrowed = text.replace(r#"main = "rw", "#, "");
     assert_ne!(narrowed, text);
     narrowed
+}
+
+#[tokio::test]
+async fn file_edit_replaces_exact_text_all_or_nothing() {
+    let (gw, client) = setup().await;
+    let file = gw.dir.join("workspace/conf.toml");
+    std::fs::write(&file, "port = 80\nhost = \"a\"\nport2 = 80\n").unwrap();
+    let edit = |edits: Value| {
+        let client = &client;
+        async move {
+            client
+                .request(
+                    "file.edit",
+                    json!({"root_id": "main", "path": "conf.toml", "edits": edits}),
+                )
+                .await
+        }
+    };
+    let done = edit(json!([
+        {"old_text": "host = \"a\"", "new_text": "host = \"b\""},
+        {"old_text": "= 80", "new_text": "= 8080", "replace_all": true},
+    ]))
+    .await
+    .unwrap();
+    let now = "port = 8080\nhost = \"b\"\nport2 = 8080\n";
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), now);
+    assert_eq!(done["replacements"], 3);
+    assert_eq!(done["sha256"], hex::encode(Sha256::digest(now.as_bytes())));
+    // The second edit does not apply: the first is not written either.
+    let refused = edit(json!([
+        {"old_text": "host = \"b\"", "new_text": "host = \"c\""},
+        {"old_text": "8080", "new_text": "1"},
+    ]))
+    .await;
+    assert_eq!(
+        code(&refused),
+        Some(ErrorCode::InvalidRequest),
+        "{refused:?}"
+    );
+    let Err(ClientError::Remote(e)) = &refused else {
+        unreachable!()
+    };
+    assert!(
+        e.message.contains("edit 2: old_text occurs 2 times"),
+        "{}",
+        e.message
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), now);
+    std::fs::write(gw.dir.join("workspace/blob.bin"), [0xff, 0xfe, 0x00]).unwrap();
+    let binary = client
+        .request(
+            "file.edit",
+            json!({"root_id": "main", "path": "blob.bin", "edits": [{"old_text": "x", "new_text": "y"}]}),
+        )
+        .await;
+    assert_eq!(code(&binary), Some(ErrorCode::InvalidRequest), "{binary:?}");
+    let none = edit(json!([])).await;
+    assert_eq!(code(&none), Some(ErrorCode::InvalidRequest), "{none:?}");
+    gw.assert_requests_audited(4);
 }

@@ -85,6 +85,7 @@ pub struct Catalogue {
 const BUILT_IN: &[&str] = &[
     "read_file",
     "write_file",
+    "edit_file",
     "list_directory",
     "stat",
     "search_files",
@@ -209,6 +210,19 @@ impl Catalogue {
                     "content": {"type": "string"},
                     "create_parents": {"type": "boolean"}}}),
                 hints(false, true, true, false),
+            ));
+            list.push(tool(
+                "edit_file",
+                "Edit a file",
+                "Replace exact text in a UTF-8 file: each edit's old_text must occur once (or set replace_all); the edits apply in order, all or none, and the file is replaced atomically.",
+                json!({"type": "object", "required": ["path", "edits"], "properties": {
+                    "path": path("the file"),
+                    "edits": {"type": "array", "minItems": 1, "maxItems": 64, "items": {
+                        "type": "object", "required": ["old_text", "new_text"], "properties": {
+                            "old_text": {"type": "string", "minLength": 1},
+                            "new_text": {"type": "string"},
+                            "replace_all": {"type": "boolean"}}}}}}),
+                hints(false, true, false, false),
             ));
         }
         if self.shell {
@@ -397,6 +411,14 @@ impl Catalogue {
                 params.insert("sha256".into(), json!(false));
                 Ok(relay("file.write", Value::Object(params)))
             }
+            "edit_file" if self.roots.iter().any(|r| r.writable) => {
+                let mut params = self.at(args, "path")?;
+                let edits = args.get("edits").cloned().ok_or_else(|| {
+                    CallError::Arguments("`edits` is required: [{old_text, new_text}]".into())
+                })?;
+                params.insert("edits".into(), edits);
+                Ok(relay("file.edit", Value::Object(params)))
+            }
             "run_command" if self.shell => {
                 let mut params = self.command(args)?;
                 copy(args, &mut params, &["stdin"]);
@@ -574,6 +596,7 @@ mod tests {
                 "stat",
                 "search_files",
                 "write_file",
+                "edit_file",
                 "run_command",
                 "start_process",
                 "read_process_output",
@@ -596,6 +619,7 @@ mod tests {
             .map(|t| t["name"].clone())
             .collect();
         assert!(!names.contains(&json!("write_file")), "{names:?}");
+        assert!(!names.contains(&json!("edit_file")), "{names:?}");
         assert!(!names.contains(&json!("run_command")), "{names:?}");
         assert!(Catalogue::default().mcp_tools().is_empty());
     }

@@ -132,9 +132,8 @@ fn classify(method: &str) -> Result<(Capability, Option<Access>), Denial> {
         "file.read" | "file.list" | "file.stat" | "file.search" | "file.watch" => {
             (Fileops, Some(Access::Read))
         }
-        "file.write" | "file.append" | "file.mkdir" | "file.delete" | "file.move" | "file.copy" => {
-            (Fileops, Some(Access::Write))
-        }
+        "file.write" | "file.append" | "file.edit" | "file.mkdir" | "file.delete" | "file.move"
+        | "file.copy" => (Fileops, Some(Access::Write)),
         "shell.exec" | "shell.start" | "shell.input" | "shell.resize" | "shell.signal"
         | "shell.cancel" | "shell.status" | "shell.list" | "shell.attach" => (Shell, None),
         "tool.list" | "tool.call" | "tool.cancel" => (Tools, None),

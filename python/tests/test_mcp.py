@@ -72,6 +72,7 @@ async def test_an_mcp_client_lists_the_grants_and_calls_each_kind(gateway: Gatew
         assert set(tools) == {
             "read_file",
             "write_file",
+            "edit_file",
             "list_directory",
             "stat",
             "search_files",
@@ -116,6 +117,22 @@ async def test_an_mcp_client_lists_the_grants_and_calls_each_kind(gateway: Gatew
         assert greeted.structured_content["value"] == "hello mcp"
         scripted = await call(s, "run_script", {"source": "40 + 2"})
         assert scripted.structured_content is not None and scripted.structured_content["value"] == 42
+        edited = await call(
+            s, "edit_file", {"path": "/workspace/main/notes/a.txt", "edits": [{"old_text": "beta", "new_text": "gamma"}]}
+        )
+        assert not edited.is_error, text(edited)
+        assert edited.structured_content is not None and edited.structured_content["replacements"] == 1
+        # All or none: an edit that does not apply leaves the file as it was.
+        ambiguous = await call(
+            s,
+            "edit_file",
+            {
+                "path": "/workspace/main/notes/a.txt",
+                "edits": [{"old_text": "gamma", "new_text": "delta"}, {"old_text": "a", "new_text": "A"}],
+            },
+        )
+        assert ambiguous.is_error and text(ambiguous).startswith("invalid_request:"), text(ambiguous)
+        assert "edit 2: old_text occurs" in text(ambiguous), text(ambiguous)
 
         # Refusals are the gateway's, as tool errors naming the relay code.
         refused = await call(s, "run_command", {"command": ["rm", "-rf", "/workspace/main"]})
@@ -133,17 +150,17 @@ async def test_an_mcp_client_lists_the_grants_and_calls_each_kind(gateway: Gatew
         resources = (await s.list_resources()).resources
         assert [str(r.uri) for r in resources] == ["file:///workspace/main/"]
         content = (await s.read_resource("file:///workspace/main/notes/a.txt")).contents[0]
-        assert isinstance(content, TextResourceContents) and content.text == "alpha\nbeta\n"
+        assert isinstance(content, TextResourceContents) and content.text == "alpha\ngamma\n"
 
     # Every call that reached the gateway is one audited request of the
     # client's principal, named by its MCP request id.
     entries = [e for e in gateway.audit() if e.get("kind") == "request"]
     by_mcp = [e for e in entries if str(e.get("tool_call_id", "")).startswith("mcp-")]
-    # 13 calls; the read of /etc/passwd named no root and never left.
-    assert len(by_mcp) == 12, json.dumps(by_mcp, indent=1)
-    assert len({e["tool_call_id"] for e in by_mcp}) == 12
+    # 15 calls; the read of /etc/passwd named no root and never left.
+    assert len(by_mcp) == 14, json.dumps(by_mcp, indent=1)
+    assert len({e["tool_call_id"] for e in by_mcp}) == 14
     assert all(e["principal"] == "alice" for e in by_mcp)
-    assert {e["method"] for e in by_mcp} >= {"file.write", "file.read", "shell.exec", "tool.call", "script.run"}
+    assert {e["method"] for e in by_mcp} >= {"file.write", "file.edit", "file.read", "shell.exec", "tool.call", "script.run"}
     assert any(e["method"] == "shell.exec" and e["decision"] == "blocked" for e in by_mcp)
 
 

@@ -9,6 +9,7 @@
 //! docs/PROTOCOL.md §7 is the reference for params and results.
 
 mod direct;
+mod edit;
 pub mod ops;
 mod quick;
 pub mod search;
@@ -126,6 +127,8 @@ const METHODS: &[Method] = &[
     reads("file.stat"),
     changes("file.mkdir", no_input),
     changes("file.delete", no_input),
+    // Replacements of exact text, as one request (a portcullis method).
+    changes("file.edit", no_input),
     between_paths("file.move"),
     between_paths("file.copy"),
     // A read, but a long one: its start entry shows it while it runs.
@@ -445,6 +448,7 @@ async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
                     let append = method == "file.append";
                     write(file, params(&request)?, append, input, usage).await
                 }
+                "file.edit" => edit_file(file, params(&request)?, usage).await,
                 other => Err(unserved(other)),
             }
         }
@@ -713,6 +717,55 @@ pub(crate) fn fit_inline(
             }
         }
     }
+}
+
+#[derive(Deserialize)]
+struct EditParams {
+    edits: Vec<edit::Edit>,
+}
+
+/// `file.edit {path, edits: [{old_text, new_text, replace_all?}]}`: each
+/// edit in order on the file's text; the file replaced atomically, or
+/// left as it was when any edit does not apply.
+async fn edit_file(
+    file: FileTerms,
+    p: EditParams,
+    usage: std::sync::Arc<Usage>,
+) -> Result<Value, ErrorBody> {
+    if p.edits.is_empty() || p.edits.len() > edit::MAX_EDITS {
+        return Err(ErrorBody::new(
+            ErrorCode::InvalidRequest,
+            format!("`edits` takes 1 to {} edits", edit::MAX_EDITS),
+        ));
+    }
+    usage.add_in(
+        p.edits
+            .iter()
+            .map(|e| e.old_text.len() + e.new_text.len())
+            .sum(),
+    );
+    blocking(move || {
+        let root = open_root(&file)?;
+        let vpath = root.virtual_path(&file.path);
+        let (handle, size) = ops::open_read(&root, &file.path)?;
+        if size > edit::MAX_FILE {
+            return Err(FileError::Invalid(format!(
+                "{vpath}: {size} bytes; file.edit takes files of at most {} bytes (use file.write)",
+                edit::MAX_FILE
+            )));
+        }
+        let data = ops::read_at(&handle, 0, size as usize)?;
+        let text = String::from_utf8(data)
+            .map_err(|_| FileError::Invalid(format!("{vpath}: not UTF-8 text")))?;
+        let (edited, replacements) = edit::apply(&text, &p.edits)
+            .map_err(|why| FileError::Invalid(format!("{vpath}: {why}")))?;
+        let mut out = AtomicFile::create(&root, &file.path, false, true)?;
+        out.write(Bytes::from(edited))?;
+        let mut result = out.commit()?;
+        result["replacements"] = json!(replacements);
+        Ok(result)
+    })
+    .await
 }
 
 async fn write(
