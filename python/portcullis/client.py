@@ -299,6 +299,17 @@ class Files(_Family):
             return False
         return True
 
+    async def edit(self, path: str, edits: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Replaces exact text in a UTF-8 file (``file.edit``): each of
+        ``edits`` is ``{"old_text", "new_text", "replace_all"?}``, applied
+        in order; all or none, written atomically. Returns ``{path, size,
+        sha256, replacements}``."""
+        root, rel = self._client.locate(path)
+        result: dict[str, Any] = await self._client.request(
+            "file.edit", {"root_id": root, "path": rel, "edits": [dict(e) for e in edits]}
+        )
+        return result
+
     async def mkdir(self, path: str, *, parents: bool = False) -> dict[str, Any]:
         root, rel = self._client.locate(path)
         result: dict[str, Any] = await self._client.request(

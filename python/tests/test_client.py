@@ -42,6 +42,12 @@ async def test_files_round_trip(client: portcullis.Client, gateway: Gateway) -> 
     assert names == ["a.txt", "c.txt", "sub"]
     deep = [e["path"] for e in await files.list("/workspace/main", depth=3)]
     assert "/workspace/main/notes/c.txt" in deep
+    await files.write("/workspace/main/notes/d.txt", "héllo wörld\n")
+    edited = await files.edit("/workspace/main/notes/d.txt", [{"old_text": "héllo", "new_text": "hi"}])
+    assert edited["replacements"] == 1
+    assert (gateway.workspace / "notes/d.txt").read_text() == "hi wörld\n"
+    with pytest.raises(portcullis.InvalidRequest, match="not UTF-8"):
+        await files.edit("/workspace/main/notes/c.txt", [{"old_text": "more", "new_text": "less"}])
     await files.delete("/workspace/main/notes/c.txt")
     assert not await files.exists("/workspace/main/notes/c.txt")
     assert await files.exists("/workspace/main/notes/a.txt")
