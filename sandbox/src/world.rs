@@ -292,18 +292,21 @@ pub(crate) fn enter(args: &SandboxArgs, inner: Inner<'_>, hidden: &[PathBuf]) ->
         Ok(child) => child,
         Err(e) => return refuse(SetupError::Namespaces(format!("{BWRAP}: {e}"))),
     };
-    let waited = child.wait();
-    let reported = Status::read(status_read);
-    match (reported, waited) {
-        (Some(status), _) => status.reproduce(),
+    // The status comes when the program has ended, before the world's
+    // teardown (its mounts and namespaces, about a millisecond of the
+    // kernel's time): this launcher ends at once, and bwrap's monitor and
+    // what is left of the world die with it (`--die-with-parent`; the
+    // world's init is exiting already, taking its PID namespace along).
+    if let Some(status) = Status::read(status_read) {
+        return status.reproduce();
+    }
+    match child.wait() {
         // The inner launcher refused, and said why.
-        (None, Ok(exit)) if exit.code() == Some(EXIT_SANDBOX.into()) => {
-            ExitCode::from(EXIT_SANDBOX)
-        }
-        (None, Ok(exit)) => refuse(SetupError::Namespaces(format!(
+        Ok(exit) if exit.code() == Some(EXIT_SANDBOX.into()) => ExitCode::from(EXIT_SANDBOX),
+        Ok(exit) => refuse(SetupError::Namespaces(format!(
             "bwrap could not set up the command's namespaces ({exit})"
         ))),
-        (None, Err(e)) => refuse(SetupError::os("waiting for bwrap", e)),
+        Err(e) => refuse(SetupError::os("waiting for bwrap", e)),
     }
 }
 
@@ -318,10 +321,21 @@ pub(crate) enum Status {
 }
 
 impl Status {
-    fn read(pipe: std::io::PipeReader) -> Option<Self> {
-        let mut text = String::new();
-        pipe.take(64).read_to_string(&mut text).ok()?;
-        let (kind, n) = text.trim().split_once(' ')?;
+    /// The first line on the pipe (the inner launcher writes one, whole,
+    /// with a single `write`), or `None` at the end of the pipe without one.
+    fn read(mut pipe: std::io::PipeReader) -> Option<Self> {
+        let mut line = [0u8; 64];
+        let mut len = 0;
+        while len < line.len() && !line[..len].contains(&b'\n') {
+            match pipe.read(&mut line[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
+        let text = std::str::from_utf8(&line[..len]).ok()?;
+        let (kind, n) = text.lines().next()?.trim().split_once(' ')?;
         match kind {
             "exit" => n.parse().ok().map(Self::Exited),
             "signal" => n.parse().ok().map(Self::Signaled),
@@ -519,6 +533,35 @@ mod tests {
         assert!(!Status::reader_gone(&writer));
         drop(reader);
         assert!(Status::reader_gone(&writer));
+    }
+
+    /// The outer launcher ends as soon as the status line is there, while
+    /// bwrap (which holds the pipe's write end as its stdin) still lives.
+    #[test]
+    fn the_status_is_read_at_its_line_while_the_pipe_stays_open() {
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        writer.write_all(b"signal 15\n").unwrap();
+        let (sent, read) = std::sync::mpsc::channel();
+        std::thread::spawn(move || sent.send(Status::read(reader)));
+        let status = read
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the read waited for the end of the pipe");
+        assert!(matches!(status, Some(Status::Signaled(15))));
+        drop(writer);
+    }
+
+    #[test]
+    fn a_pipe_closed_without_a_status_line_says_none() {
+        for said in [&b""[..], b"exit", b"exit x\n", b"stopped 3\n"] {
+            let (reader, mut writer) = std::io::pipe().unwrap();
+            writer.write_all(said).unwrap();
+            drop(writer);
+            assert!(Status::read(reader).is_none(), "{said:?}");
+        }
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        writer.write_all(b"exit 7\n").unwrap();
+        drop(writer);
+        assert!(matches!(Status::read(reader), Some(Status::Exited(7))));
     }
 
     #[test]
