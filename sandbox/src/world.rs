@@ -370,8 +370,10 @@ impl Status {
     /// signal a process as soon as it has said it started, while this
     /// launcher still waited for its arguments or its release) was held
     /// pending here; it is passed on to the program once it runs, so it is
-    /// not lost. One that comes in the microseconds between that hand-over
-    /// and the program's fork still is.
+    /// not lost. The flags are read only once `spawn` has returned, so
+    /// none that reached this launcher falls between a look and the fork;
+    /// one that comes while the program is being started may reach it
+    /// twice (directly, once forked, and passed on).
     pub(crate) fn run(mut status: std::fs::File, mut program: Command) -> ExitCode {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
@@ -386,21 +388,20 @@ impl Status {
         if let Err(e) = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&relayed()), None) {
             return refuse(SetupError::os("unblocking signals", e.into()));
         }
-        // Once the program exists, signals to the process group reach it
-        // directly; those that came before are its to have too.
-        let missed: Vec<Signal> = arrived
-            .iter()
-            .filter(|(_, flag)| flag.swap(false, Ordering::AcqRel))
-            .map(|(signal, _)| *signal)
-            .collect();
+        // Once `spawn` returns the program has exec'd, and signals to the
+        // process group reach it directly; those that came before (the
+        // flags are read only now, so none falls between a look and the
+        // fork) are its to have too.
         let waited = program.spawn().and_then(|child| {
             drop(program);
             if let Some(pid) = i32::try_from(child.id())
                 .ok()
                 .map(nix::unistd::Pid::from_raw)
             {
-                for signal in missed {
-                    let _ = nix::sys::signal::kill(pid, signal);
+                for (signal, flag) in &arrived {
+                    if flag.swap(false, Ordering::AcqRel) {
+                        let _ = nix::sys::signal::kill(pid, *signal);
+                    }
                 }
             }
             reap_until(child.id())
