@@ -146,3 +146,55 @@ fn the_launcher_runs_the_program_only_once_released() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A signal the daemon sends the command's process group before the
+/// program exists (it may: the client hears `started` once the release is
+/// written) is held by the launchers and ends the program once it runs.
+/// Sent here before the release, so it surely comes first.
+#[test]
+fn a_signal_sent_before_the_program_runs_ends_it() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let dir = tempfile::Builder::new()
+        .prefix("portcullis-signal-")
+        .tempdir()
+        .unwrap();
+    for world in [true, false].repeat(3) {
+        let mut launcher = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"));
+        launcher.arg("--args-on-stdin");
+        if world {
+            launcher
+                .args(["--world", "--deny-network", "--rw"])
+                .arg(dir.path());
+        }
+        let mut child = launcher
+            .env_clear()
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut args: Vec<OsString> = match world {
+            true => vec!["--rw".into(), dir.path().into(), "--deny-network".into()],
+            false => ["--skip", "namespaces"].map(OsString::from).to_vec(),
+        };
+        args.extend(["--await-release", "--stdin-null"].map(OsString::from));
+        args.extend(["--", "/bin/sh", "-c", "exec sleep 30"].map(OsString::from));
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&encode_args(&args)).unwrap();
+        // Set up by now and waiting for its release, in its own session.
+        std::thread::sleep(Duration::from_millis(500));
+        let group = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process_group(group, rustix::process::Signal::TERM).unwrap();
+        // A launcher that ended at the signal reads no release: fine too.
+        let _ = stdin.write_all(b"g");
+        drop(stdin);
+        let (sent, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || sent.send(child.wait_with_output()));
+        let out = ended
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("world {world}: the TERM was lost"))
+            .unwrap();
+        assert_eq!(out.status.signal(), Some(15), "world {world}: {out:?}");
+    }
+}
