@@ -69,6 +69,20 @@ async fn status_sessions_and_kill() {
         client.hello().instance_id.as_deref()
     );
 
+    // The daemon's configuration names the socket, as for `audit`; a
+    // configuration that does not load is said so.
+    let by_config = json_of(&gw.cli_config(&["status", "--json"]));
+    assert_eq!(by_config["instance_id"], status["instance_id"]);
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["status", "--config", "/nonexistent/portcullis.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/portcullis.toml"),
+        "{missing:?}"
+    );
+
     let listed = json_of(&gw.cli(&["sessions", "--json"]));
     let id = listed["sessions"][0]["id"].as_u64().unwrap();
     assert_eq!(listed["sessions"][0]["principal"], "alice");

@@ -9,6 +9,7 @@ use portcullis::server::admin;
 use serde_json::Value;
 
 use crate::cli::{fail, runtime};
+use portcullis::config::Config;
 
 #[derive(clap::Args)]
 pub struct Socket {
@@ -20,9 +21,25 @@ pub struct Socket {
         default_value = "/run/portcullis/admin.sock"
     )]
     pub admin_socket: PathBuf,
+    /// The daemon's configuration: its `admin_socket` is the one used
+    /// (the flag `audit` and `doctor` take; it wins over --admin-socket).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Print the daemon's JSON answer as is.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+impl Socket {
+    /// The admin socket: from `--config` when given, else `--admin-socket`.
+    fn path(&self) -> Result<PathBuf, String> {
+        match &self.config {
+            Some(config) => Config::load(config)
+                .map(|config| config.admin_socket)
+                .map_err(|e| e.to_string()),
+            None => Ok(self.admin_socket.clone()),
+        }
+    }
 }
 
 /// Sends one admin request and prints the answer: JSON with `--json`, else
@@ -37,7 +54,11 @@ pub fn call(
         Ok(runtime) => runtime,
         Err(e) => return fail(e),
     };
-    match runtime.block_on(admin::request(&socket.admin_socket, method, path)) {
+    let admin_socket = match socket.path() {
+        Ok(path) => path,
+        Err(e) => return fail(e),
+    };
+    match runtime.block_on(admin::request(&admin_socket, method, path)) {
         Ok((status, body)) => {
             if socket.json {
                 println!("{body}");
@@ -244,12 +265,12 @@ pub fn metrics(socket: &Socket) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return fail(e),
     };
+    let admin_socket = match socket.path() {
+        Ok(path) => path,
+        Err(e) => return fail(e),
+    };
     let mut out = std::io::stdout();
-    match runtime.block_on(admin::download(
-        &socket.admin_socket,
-        "/v1/metrics",
-        &mut out,
-    )) {
+    match runtime.block_on(admin::download(&admin_socket, "/v1/metrics", &mut out)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
