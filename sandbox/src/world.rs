@@ -30,7 +30,9 @@
 //! signals (the mask survives exec) — the inner launcher then catches them
 //! with handlers that do nothing, which exec resets, so that it can give
 //! the program an empty mask — and only the program acts on them, as it
-//! did when it was the launcher's own exec. bwrap reports a signal death as exit code 128+n;
+//! did when it was the launcher's own exec. A signal that came before the
+//! world's first process existed is passed on to it by the launcher
+//! ([`Held`]). bwrap reports a signal death as exit code 128+n;
 //! the inner launcher, the program's parent, knows the truth and writes it
 //! to a pipe (see [`Status`]), and the launcher ends the same way, so the
 //! daemon sees what it saw before. When the program ends, the inner
@@ -51,12 +53,13 @@
 
 use std::ffi::{OsStr, OsString};
 use std::io::{Read as _, Write as _};
-use std::os::fd::AsRawFd as _;
+use std::os::fd::{AsFd as _, AsRawFd as _};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use rustix::fs::Access;
 
 use crate::{EXIT_SANDBOX, SandboxArgs, SetupError, refuse};
@@ -265,9 +268,14 @@ pub(crate) fn enter(args: &SandboxArgs, inner: Inner<'_>, hidden: &[PathBuf]) ->
         Ok(fd) => fd,
         Err(e) => return refuse(SetupError::os("stdin", e.into())),
     };
+    let held = match Held::new() {
+        Ok(held) => held,
+        Err(e) => return refuse(e),
+    };
     let mut command = Command::new(BWRAP);
     command
         .args(bwrap_args(args, hidden, &launcher))
+        .args(held.bwrap_args())
         .arg("--")
         .arg(&launcher)
         .arg("--inside")
@@ -292,6 +300,7 @@ pub(crate) fn enter(args: &SandboxArgs, inner: Inner<'_>, hidden: &[PathBuf]) ->
         Ok(child) => child,
         Err(e) => return refuse(SetupError::Namespaces(format!("{BWRAP}: {e}"))),
     };
+    let _bwrap_info = held.pass_on();
     // The status comes when the program has ended, before the world's
     // teardown (its mounts and namespaces, about a millisecond of the
     // kernel's time): this launcher ends at once, and bwrap's monitor and
@@ -308,6 +317,110 @@ pub(crate) fn enter(args: &SandboxArgs, inner: Inner<'_>, hidden: &[PathBuf]) ->
         ))),
         Err(e) => refuse(SetupError::os("waiting for bwrap", e)),
     }
+}
+
+/// The signals sent to the command's process group before the world's
+/// first process existed. The daemon may signal a command as soon as it
+/// has said it started, which can be before bwrap has made the world (a
+/// launcher started on demand, or taken from the pool right after it was
+/// started); such a signal reaches this launcher and bwrap's monitor,
+/// which hold it blocked, and nothing in the world. So bwrap tells this
+/// launcher the world's first process once it exists (`--info-fd`)
+/// and waits (`--block-fd`) while this launcher passes it what it holds.
+/// That process has these signals blocked until the launcher inside takes
+/// them, so one it also got directly is held once, not twice.
+struct Held {
+    signals: SignalFd,
+    /// bwrap's `--info-fd`: this side, and bwrap's copy (inherited).
+    info: std::io::PipeReader,
+    info_for_bwrap: std::os::fd::OwnedFd,
+    /// bwrap's `--block-fd`: this side, and bwrap's copy (inherited).
+    go: std::io::PipeWriter,
+    go_for_bwrap: std::os::fd::OwnedFd,
+}
+
+impl Held {
+    fn new() -> Result<Self, SetupError> {
+        let signals =
+            SignalFd::with_flags(&relayed(), SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+                .map_err(|e| SetupError::os("a signalfd", e.into()))?;
+        let pipe = || std::io::pipe().map_err(|e| SetupError::os("a pipe", e));
+        let inherited = |fd: std::os::fd::BorrowedFd<'_>| {
+            // `dup` leaves out close-on-exec: bwrap inherits the copy.
+            rustix::io::dup(fd).map_err(|e| SetupError::os("a pipe", e.into()))
+        };
+        let (info, info_write) = pipe()?;
+        let (go_read, go) = pipe()?;
+        Ok(Self {
+            signals,
+            info_for_bwrap: inherited(info_write.as_fd())?,
+            go_for_bwrap: inherited(go_read.as_fd())?,
+            info,
+            go,
+        })
+    }
+
+    fn bwrap_args(&self) -> [OsString; 4] {
+        [
+            "--info-fd".into(),
+            self.info_for_bwrap.as_raw_fd().to_string().into(),
+            "--block-fd".into(),
+            self.go_for_bwrap.as_raw_fd().to_string().into(),
+        ]
+    }
+
+    /// Once bwrap has started (and holds its copies): waits for the world's
+    /// first process, passes it the signals held, and lets it go on. A
+    /// bwrap that failed before making it says nothing; then nothing is
+    /// passed. (bwrap's child waits for this unless its setup failed; a
+    /// pid freed and taken again in that moment is not guarded against.)
+    /// Returns the info pipe, which stays open while bwrap may write.
+    fn pass_on(self) -> std::io::PipeReader {
+        let Self {
+            signals,
+            mut info,
+            info_for_bwrap,
+            mut go,
+            go_for_bwrap,
+        } = self;
+        drop((info_for_bwrap, go_for_bwrap));
+        let first = child_pid(&mut info);
+        if let Some(pid) = first
+            .and_then(|pid| i32::try_from(pid).ok())
+            .map(nix::unistd::Pid::from_raw)
+        {
+            while let Ok(Some(info)) = signals.read_signal() {
+                if let Ok(signal) = Signal::try_from(info.ssi_signo as i32) {
+                    let _ = nix::sys::signal::kill(pid, signal);
+                }
+            }
+        }
+        let _ = go.write_all(b"1");
+        info
+    }
+}
+
+/// The `child-pid` bwrap writes to its `--info-fd` (`{"child-pid": N, …`),
+/// read only as far as the number; `None` if the pipe ends first.
+fn child_pid(info: &mut std::io::PipeReader) -> Option<u32> {
+    const KEY: &str = "\"child-pid\"";
+    let mut text = String::new();
+    let mut byte = [0u8; 1];
+    while text.len() < 4096 {
+        match info.read(&mut byte) {
+            Ok(1) => text.push(char::from(byte[0])),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            _ => return None,
+        }
+        let Some(at) = text.find(KEY) else { continue };
+        let value = text[at + KEY.len()..].trim_start_matches([' ', ':', '\n', '\t']);
+        let digits = value.len() - value.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        // The number is whole once something follows it.
+        if digits > 0 && digits < value.len() {
+            return value[..digits].parse().ok();
+        }
+    }
+    None
 }
 
 /// How the program ended, from the inner launcher (its parent) to the
@@ -549,6 +662,23 @@ mod tests {
             .expect("the read waited for the end of the pipe");
         assert!(matches!(status, Some(Status::Signaled(15))));
         drop(writer);
+    }
+
+    #[test]
+    fn the_world_s_first_process_is_read_from_bwrap_s_info() {
+        let said = |text: &[u8], close: bool| {
+            let (mut reader, mut writer) = std::io::pipe().unwrap();
+            writer.write_all(text).unwrap();
+            // Open or not, a number followed by something is whole.
+            let _kept = (!close).then_some(writer);
+            child_pid(&mut reader)
+        };
+        let info = b"{\n    \"child-pid\": 4711,\n    \"cgroup-namespace\": 4026531835";
+        assert_eq!(said(info, false), Some(4711));
+        assert_eq!(said(b"{\"child-pid\": 7}\n", false), Some(7));
+        assert_eq!(said(b"{\"child-pid\": 7", true), None);
+        assert_eq!(said(b"{\"exit-code\": 1}\n", true), None);
+        assert_eq!(said(b"", true), None);
     }
 
     #[test]

@@ -149,8 +149,10 @@ fn the_launcher_runs_the_program_only_once_released() {
 
 /// A signal the daemon sends the command's process group before the
 /// program exists (it may: the client hears `started` once the release is
-/// written) is held by the launchers and ends the program once it runs.
-/// Sent here before the release, so it surely comes first.
+/// written) is held by the launchers and ends the program once it runs:
+/// sent while the launcher waits for its release, with a world and
+/// without, and sent while a launcher just started (as one the daemon
+/// starts on demand) is still making its world, at several moments of it.
 #[test]
 fn a_signal_sent_before_the_program_runs_ends_it() {
     use std::os::unix::process::ExitStatusExt as _;
@@ -158,7 +160,9 @@ fn a_signal_sent_before_the_program_runs_ends_it() {
         .prefix("portcullis-signal-")
         .tempdir()
         .unwrap();
-    for world in [true, false].repeat(3) {
+    let waiting = [(true, 500), (false, 500)].repeat(2);
+    let starting = [0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20].map(|ms| (true, ms));
+    for (world, after_ms) in waiting.into_iter().chain(starting) {
         let mut launcher = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"));
         launcher.arg("--args-on-stdin");
         if world {
@@ -182,19 +186,36 @@ fn a_signal_sent_before_the_program_runs_ends_it() {
         args.extend(["--", "/bin/sh", "-c", "exec sleep 30"].map(OsString::from));
         let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(&encode_args(&args)).unwrap();
-        // Set up by now and waiting for its release, in its own session.
-        std::thread::sleep(Duration::from_millis(500));
-        let group = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-        rustix::process::kill_process_group(group, rustix::process::Signal::TERM).unwrap();
-        // A launcher that ended at the signal reads no release: fine too.
-        let _ = stdin.write_all(b"g");
+        let released = match after_ms {
+            // Waiting for the release: set up by now, in its own session.
+            500 => false,
+            // Released at once, as the daemon does on demand.
+            _ => {
+                let _ = stdin.write_all(b"g");
+                true
+            }
+        };
+        std::thread::sleep(Duration::from_millis(after_ms));
+        // As the daemon: the group, or the launcher before it has made one.
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process_group(pid, rustix::process::Signal::TERM)
+            .or_else(|_| rustix::process::kill_process(pid, rustix::process::Signal::TERM))
+            .unwrap();
+        if !released {
+            // A launcher that ended at the signal reads no release: fine.
+            let _ = stdin.write_all(b"g");
+        }
         drop(stdin);
         let (sent, ended) = std::sync::mpsc::channel();
         std::thread::spawn(move || sent.send(child.wait_with_output()));
         let out = ended
             .recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|_| panic!("world {world}: the TERM was lost"))
+            .unwrap_or_else(|_| panic!("world {world}, {after_ms} ms: the TERM was lost"))
             .unwrap();
-        assert_eq!(out.status.signal(), Some(15), "world {world}: {out:?}");
+        assert_eq!(
+            out.status.signal(),
+            Some(15),
+            "world {world}, {after_ms} ms: {out:?}"
+        );
     }
 }
