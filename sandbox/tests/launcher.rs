@@ -10,6 +10,27 @@ use std::time::Duration;
 
 use portcullis_sandbox::encode_args;
 
+/// A launcher as the daemon's pool starts it: waiting for its arguments
+/// on stdin, in a world of its own (without network, `root` read-write)
+/// when given a root, else without one.
+fn waiting_launcher(root: Option<&std::path::Path>) -> std::process::Child {
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"));
+    launcher.arg("--args-on-stdin");
+    if let Some(root) = root {
+        launcher
+            .args(["--world", "--deny-network", "--rw"])
+            .arg(root);
+    }
+    launcher
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// The launcher as the daemon runs it for a piped command: started ahead
 /// of need, it reads its arguments from stdin, sets up the sandbox, then
 /// waits for the release byte; without it the program never runs.
@@ -24,16 +45,7 @@ fn the_launcher_runs_the_program_only_once_released() {
     let marker = dir.join("ran");
     // A waiting launcher, and the arguments the daemon would send it.
     let launcher = |extra: &[&str], script: &str| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
-            .args(["--args-on-stdin", "--world", "--deny-network", "--rw"])
-            .arg(&dir)
-            .env_clear()
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = waiting_launcher(Some(&dir));
         let mut args: Vec<OsString> = vec!["--rw".into(), dir.clone().into()];
         args.extend(["--deny-network", "--await-release"].map(OsString::from));
         args.extend(extra.iter().map(OsString::from));
@@ -163,21 +175,7 @@ fn a_signal_sent_before_the_program_runs_ends_it() {
     let waiting = [(true, 500), (false, 500)].repeat(2);
     let starting = [0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20].map(|ms| (true, ms));
     for (world, after_ms) in waiting.into_iter().chain(starting) {
-        let mut launcher = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"));
-        launcher.arg("--args-on-stdin");
-        if world {
-            launcher
-                .args(["--world", "--deny-network", "--rw"])
-                .arg(dir.path());
-        }
-        let mut child = launcher
-            .env_clear()
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = waiting_launcher(world.then_some(dir.path()));
         let mut args: Vec<OsString> = match world {
             true => vec!["--rw".into(), dir.path().into(), "--deny-network".into()],
             false => ["--skip", "namespaces"].map(OsString::from).to_vec(),
