@@ -368,11 +368,12 @@ async fn the_sandbox_confines_files_network_and_resources() {
     gw.assert_requests_audited(10);
 }
 
-/// Launchers wait in the pool at the lowest CPU priority, where this
-/// process may take a priority back (root here; otherwise `RLIMIT_NICE`)
-/// and so may a launcher inside its world (`RLIMIT_NICE` alone),
-/// except one started while the pool was empty; the command runs at the
-/// daemon's.
+/// Launchers wait in the pool at the lowest CPU priority — their cgroup's
+/// lowest CPU weight where commands get cgroups with a `cpu` controller
+/// (root here), else nice 19 where this process may take a priority back
+/// and so may a launcher inside its world (`RLIMIT_NICE` alone) — except
+/// one started while the pool was empty; the command runs at the daemon's
+/// priority and the default weight.
 #[tokio::test]
 async fn launchers_wait_at_the_lowest_priority_and_commands_run_at_the_daemons() {
     let Setup { gw, alice, .. } = setup().await;
@@ -404,14 +405,6 @@ async fn launchers_wait_at_the_lowest_priority_and_commands_run_at_the_daemons()
             .is_ok()
     };
     let can_lower_and_restore = can_lower_and_restore && limit_allows;
-    // The first command found the pool empty: of the two started after
-    // it, the first at the daemon's priority, the second (one waiting
-    // already) at the lowest.
-    let expected = if can_lower_and_restore {
-        [0, 19]
-    } else {
-        [0, 0]
-    };
     let mut waiting = Vec::new();
     for _ in 0..100 {
         waiting = launcher_children(gw.pid());
@@ -422,13 +415,121 @@ async fn launchers_wait_at_the_lowest_priority_and_commands_run_at_the_daemons()
     }
     let mut nice: Vec<Option<i64>> = waiting.iter().map(|stat| nice_of(stat)).collect();
     nice.sort();
-    assert_eq!(nice, expected.map(Some), "{waiting:?}");
-    // A command from the pool.
-    let r = alice
-        .request("shell.exec", sh("cat /proc/self/stat"))
-        .await
-        .unwrap();
-    assert_eq!(nice_of(r["stdout"].as_str().unwrap()), Some(0), "{r}");
+    let mut weights: Vec<Option<CpuWeight>> = waiting
+        .iter()
+        .map(|stat| stat_pid(stat).and_then(command_cpu_weight))
+        .collect();
+    weights.sort();
+    // The first command found the pool empty: of the two started after
+    // it, the first at the daemon's priority, the second (one waiting
+    // already) at the lowest.
+    if let [Some(first), Some(second)] = weights[..] {
+        assert_eq!(
+            [first.lowest(), second.default()],
+            [true, true],
+            "{weights:?}"
+        );
+        assert_eq!(nice, [Some(0), Some(0)], "{waiting:?}");
+    } else {
+        assert_eq!(weights, [None, None], "{waiting:?}");
+        let expected = if can_lower_and_restore {
+            [0, 19]
+        } else {
+            [0, 0]
+        };
+        assert_eq!(nice, expected.map(Some), "{waiting:?}");
+    }
+    // A command from the pool (the launcher started last, at the lowest)
+    // runs at the daemon's priority and the default weight.
+    let marker = "2.71828";
+    let asked = alice.request("shell.exec", sh(&format!("sleep {marker}")));
+    let inspect = async {
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let Some(pid) = pid_of_cmdline(&format!("sleep\0{marker}\0")) else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            return Some((nice_of(&stat), command_cpu_weight(pid)));
+        }
+        None
+    };
+    let (r, seen) = tokio::join!(asked, inspect);
+    assert_eq!(r.unwrap()["exit_code"], 0);
+    let (nice, weight) = seen.expect("the command's sleep was never seen");
+    assert_eq!(nice, Some(0));
+    if weights[0].is_some() {
+        assert!(weight.is_some_and(CpuWeight::default), "{weight:?}");
+    }
+}
+
+/// A cgroup's `cpu.weight` (v2) or `cpu.shares` (v1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum CpuWeight {
+    Shares(u64),
+    Weight(u64),
+}
+
+impl CpuWeight {
+    fn lowest(self) -> bool {
+        matches!(self, Self::Shares(2) | Self::Weight(1))
+    }
+    fn default(self) -> bool {
+        matches!(self, Self::Shares(1024) | Self::Weight(100))
+    }
+}
+
+/// The CPU weight of process `pid`'s cgroup, where that is a command's
+/// (`…/cmd-…`) in a hierarchy with the `cpu` controller.
+fn command_cpu_weight(pid: u32) -> Option<CpuWeight> {
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    own.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, list, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if !path.contains("/cmd-") {
+            return None;
+        }
+        let v2 = list.is_empty();
+        if !v2 && !list.split(',').any(|c| c == "cpu") {
+            return None;
+        }
+        mounts.lines().find_map(|mount| {
+            let (left, right) = mount.split_once(" - ")?;
+            let mut right = right.split_whitespace();
+            let (kind, options) = (right.next()?, right.nth(1)?);
+            let matches = match v2 {
+                true => kind == "cgroup2",
+                false => kind == "cgroup" && options.split(',').any(|o| o == "cpu"),
+            };
+            if !matches {
+                return None;
+            }
+            let dir = format!("{}{path}", left.split_whitespace().nth(4)?);
+            let file = if v2 { "cpu.weight" } else { "cpu.shares" };
+            let value = std::fs::read_to_string(format!("{dir}/{file}")).ok()?;
+            let value = value.trim().parse().ok()?;
+            Some(if v2 {
+                CpuWeight::Weight(value)
+            } else {
+                CpuWeight::Shares(value)
+            })
+        })
+    })
+}
+
+/// The process whose `/proc/PID/cmdline` is `cmdline`.
+fn pid_of_cmdline(cmdline: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let e = e.ok()?;
+        let found = std::fs::read(e.path().join("cmdline")).ok()?;
+        (found == cmdline.as_bytes()).then(|| e.file_name().to_str()?.parse().ok())?
+    })
+}
+
+/// The pid a `/proc/PID/stat` line starts with.
+fn stat_pid(stat: &str) -> Option<u32> {
+    stat.split(' ').next()?.parse().ok()
 }
 
 /// `/proc/PID/stat` of each launcher the gateway started.

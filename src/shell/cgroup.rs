@@ -76,7 +76,15 @@ pub struct Limits {
 pub struct CommandCgroup {
     /// Each directory once, with the controllers it has.
     dirs: Vec<(PathBuf, bool, Vec<Controller>)>,
+    /// Its CPU weight is the lowest (a launcher waiting in the pool) and
+    /// goes back to the default with the limits.
+    lowered: bool,
 }
+
+/// `cpu.weight` (v2) and `cpu.shares` (v1): the lowest, and the default
+/// every other cgroup has.
+const CPU_WEIGHT: (&str, &str, &str) = ("cpu.weight", "1", "100");
+const CPU_SHARES: (&str, &str, &str) = ("cpu.shares", "2", "1024");
 
 impl Cgroups {
     /// Finds where this process may make cgroups for commands, and makes
@@ -221,7 +229,10 @@ impl Cgroups {
                 None => dirs.push((dir, place.v2, vec![*controller])),
             }
         }
-        let cgroup = CommandCgroup { dirs };
+        let cgroup = CommandCgroup {
+            dirs,
+            lowered: false,
+        };
         for (dir, _, _) in &cgroup.dirs {
             std::fs::create_dir(dir)?;
         }
@@ -235,10 +246,29 @@ impl CommandCgroup {
         self.dirs.iter().map(|(dir, _, _)| dir.as_path())
     }
 
-    /// Sets the limits this cgroup's controllers take.
+    /// Gives it the lowest CPU weight, so what runs in it (a launcher
+    /// building its world in the pool) gets the cores only when running
+    /// commands leave them idle; [`limit`](Self::limit) takes the default
+    /// back. False where it has no `cpu` controller.
+    pub fn lower_cpu_weight(&mut self) -> std::io::Result<bool> {
+        for (dir, v2, controllers) in &self.dirs {
+            if controllers.contains(&Controller::Cpu) {
+                let (file, lowest, _) = if *v2 { CPU_WEIGHT } else { CPU_SHARES };
+                write(&dir.join(file), lowest)?;
+                self.lowered = true;
+            }
+        }
+        Ok(self.lowered)
+    }
+
+    /// Sets the limits this cgroup's controllers take (and the default CPU
+    /// weight back, if it was lowered).
     pub fn limit(&self, limits: Limits) -> std::io::Result<()> {
         for (dir, v2, controllers) in &self.dirs {
             for controller in controllers {
+                let weight = |(file, _, default): (&'static str, &str, &str)| {
+                    self.lowered.then(|| (file, default.to_string()))
+                };
                 let writes: Vec<(&str, String)> = match (controller, v2) {
                     (Controller::Pids, _) => limits
                         .pids
@@ -259,8 +289,10 @@ impl CommandCgroup {
                         .unwrap_or_default(),
                     (Controller::Cpu, true) => limits
                         .cpu_millis
-                        .map(|m| vec![("cpu.max", format!("{} 100000", m * 100))])
-                        .unwrap_or_default(),
+                        .map(|m| ("cpu.max", format!("{} 100000", m * 100)))
+                        .into_iter()
+                        .chain(weight(CPU_WEIGHT))
+                        .collect(),
                     (Controller::Cpu, false) => limits
                         .cpu_millis
                         .map(|m| {
@@ -269,20 +301,16 @@ impl CommandCgroup {
                                 ("cpu.cfs_quota_us", (m * 100).to_string()),
                             ]
                         })
-                        .unwrap_or_default(),
+                        .unwrap_or_default()
+                        .into_iter()
+                        .chain(weight(CPU_SHARES))
+                        .collect(),
                 };
                 for (file, value) in writes {
-                    let path = dir.join(file);
-                    match std::fs::write(&path, &value) {
-                        Ok(()) => {}
+                    match write(&dir.join(file), &value) {
                         // Without swap accounting there is no swap to limit.
                         Err(_) if file == "memory.swap.max" => {}
-                        Err(e) => {
-                            return Err(std::io::Error::new(
-                                e.kind(),
-                                format!("{}: {e}", path.display()),
-                            ));
-                        }
+                        written => written?,
                     }
                 }
             }
@@ -315,6 +343,12 @@ impl Drop for CommandCgroup {
                 }
             });
     }
+}
+
+/// Writes a cgroup file; an error names it.
+fn write(path: &Path, value: &str) -> std::io::Result<()> {
+    std::fs::write(path, value)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
 /// Kills every process in these cgroups: `cgroup.kill` where there is one

@@ -23,19 +23,23 @@
 //! the daemon listens there once a command takes it.
 //!
 //! Launchers are started by a thread of their own at the lowest CPU
-//! priority (a child starts with its parent thread's nice value), so that
-//! starting the next one does not compete with the command just released:
-//! on two cores that competition cost about 0.6 ms of every `exec true`.
-//! A launcher gets the daemon's priority back when it is taken (the daemon
+//! priority, so that building the next world does not compete with the
+//! command just released: on two cores that competition cost about 0.6 ms
+//! of every `exec true`. Where commands get cgroups with a `cpu`
+//! controller, a waiting launcher's cgroup has the lowest CPU weight, which
+//! covers everything in its world, and the default comes back with the
+//! command's limits, before the release. Elsewhere the thread starts them at
+//! nice 19 (a child starts with its parent thread's nice value): a
+//! launcher gets the daemon's priority back when it is taken (the daemon
 //! renices it, so the rest of its start-up is not starved on a busy
 //! machine), and again from its own side as soon as its arguments arrive
-//! (`--nice`, [`Launchers::restored_nice`]), before it sets anything up. When the pool
-//! has run dry, demand is outrunning the starter: it then starts launchers
-//! at the daemon's priority until one waits again. All this needs
-//! `RLIMIT_NICE` ≥ 20 (the unit's `LimitNICE=+0`, or raised here with
-//! `CAP_SYS_RESOURCE`), which the launcher inside a world relies on; where
-//! the probe finds it cannot be had, launchers start at the daemon's
-//! priority.
+//! (`--nice`, [`Launchers::restored_nice`]), before it sets anything up;
+//! that needs `RLIMIT_NICE` ≥ 20 (raised here with `CAP_SYS_RESOURCE`),
+//! which the launcher inside a world relies on, and the `setpriority`
+//! system call, which the shipped unit refuses. Where neither can be had,
+//! launchers start at the daemon's priority. When the pool has run dry,
+//! demand is outrunning the starter: it then starts launchers at the
+//! daemon's priority until one waits again.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -47,7 +51,7 @@ use rustix::process::Pid;
 use tokio::process::{Child, Command};
 use tokio::runtime::Handle;
 
-use super::cgroup::CommandCgroup;
+use super::cgroup::{CommandCgroup, Controller};
 use super::{launcher_path, provider_error};
 use crate::egress::{Egress, EgressDir};
 use portcullis_wire::frame::ErrorBody;
@@ -263,7 +267,9 @@ impl Launchers {
     }
 }
 
-fn start(kind: &Kind, egress: &Egress) -> Result<Waiting, ErrorBody> {
+/// Starts a launcher of `kind`; with `lowest_weight`, in a cgroup of the
+/// lowest CPU weight (where there is a `cpu` controller).
+fn start(kind: &Kind, egress: &Egress, lowest_weight: bool) -> Result<Waiting, ErrorBody> {
     let dir = match kind {
         Kind::World {
             network: WorldNetwork::Proxied,
@@ -271,7 +277,13 @@ fn start(kind: &Kind, egress: &Egress) -> Result<Waiting, ErrorBody> {
         } => Some(super::egress_dir(egress)?),
         _ => None,
     };
-    let cgroup = super::command_cgroup()?;
+    let mut cgroup = super::command_cgroup()?;
+    if lowest_weight
+        && let Some(cgroup) = cgroup.as_mut()
+        && let Err(e) = cgroup.lower_cpu_weight()
+    {
+        tracing::debug!("a launcher waits at the default CPU weight: {e}");
+    }
     let mut command = Command::new(launcher_path()?);
     command
         .arg("--args-on-stdin")
@@ -317,15 +329,25 @@ impl Starter {
     fn new(pool: Arc<Mutex<Pool>>, egress: Arc<Egress>) -> Self {
         let egress_now = egress.clone();
         let daemon_nice = rustix::process::getpriority_process(None).unwrap_or(0);
-        let restored_nice = match can_restore(daemon_nice) {
-            Ok(()) => {
-                tracing::debug!("launchers are started at nice {LOWEST_NICE}");
-                Some(daemon_nice)
-            }
-            Err(why) => {
-                tracing::info!("launchers are started at the daemon's CPU priority: {why}");
+        let by_weight = super::host_cgroups().has(Controller::Cpu);
+        let restored_nice = match by_weight {
+            true => {
+                tracing::debug!("launchers wait in cgroups of the lowest CPU weight");
                 None
             }
+            false => match can_restore(daemon_nice) {
+                Ok(()) => {
+                    tracing::debug!("launchers are started at nice {LOWEST_NICE}");
+                    Some(daemon_nice)
+                }
+                Err(why) => {
+                    tracing::info!(
+                        "launchers are started at the daemon's CPU priority: commands have no \
+                         cgroup with a cpu controller, and {why}"
+                    );
+                    None
+                }
+            },
         };
         let (requests, received) = mpsc::channel::<(usize, Kind, Handle)>();
         let lowered = restored_nice.is_some();
@@ -350,7 +372,7 @@ impl Starter {
                         {
                             current = nice;
                         }
-                        let started = start(&kind, &egress);
+                        let started = start(&kind, &egress, by_weight && !dry);
                         with_pool(&pool, |pool| {
                             pool.starting.entry(kind.clone()).and_modify(|n| *n -= 1);
                             // A kind pushed out meanwhile keeps none.
@@ -376,7 +398,7 @@ impl Starter {
             .spawn(move || {
                 for (kind, runtime, answer) in urgent {
                     let _entered = runtime.enter();
-                    let _ = answer.send(start(&kind, &egress_now));
+                    let _ = answer.send(start(&kind, &egress_now, false));
                 }
             });
         if let Err(e) = urgent_thread {
@@ -433,8 +455,9 @@ enum NiceError {
     #[error("setpriority: {0}")]
     Lower(rustix::io::Errno),
     #[error(
-        "taking nice {nice} back: {source} (RLIMIT_NICE must be at least {}, as the unit's \
-         LimitNICE=+0 sets it for nice 0, or the daemon needs CAP_SYS_NICE)",
+        "taking nice {nice} back: {source} (RLIMIT_NICE must be at least {}, as \
+         `LimitNICE=+0` sets it for nice 0 in a unit that allows setpriority, or the daemon \
+         needs CAP_SYS_NICE)",
         20 - nice
     )]
     TakeBack {
@@ -443,8 +466,8 @@ enum NiceError {
     },
     #[error(
         "RLIMIT_NICE is {current} and cannot be raised to {needed} ({source}): a command's \
-         launcher could not take its priority back inside its world (the unit's LimitNICE=+0 \
-         sets it)"
+         launcher could not take its priority back inside its world (`LimitNICE=+0` in a \
+         unit sets it)"
     )]
     Limit {
         current: u64,
