@@ -85,7 +85,8 @@ pub fn no_input(_: &Request) -> Option<Channel> {
 /// outbox makes producers wait: that is the back-pressure from a slow peer.
 #[derive(Debug)]
 pub enum Outbound {
-    Frame(Frame),
+    /// Boxed: every session's outbox holds a block of 32 of these.
+    Frame(Box<Frame>),
     Chunk {
         id: RequestId,
         channel: Channel,
@@ -94,10 +95,7 @@ pub enum Outbound {
     /// A chunk record already encoded (a download's piece, read in place).
     Record(ChunkRecord),
     /// Close the connection after everything queued before it.
-    Close {
-        policy: bool,
-        reason: String,
-    },
+    Close { policy: bool, reason: String },
 }
 
 pub type Outbox = mpsc::Sender<Outbound>;
@@ -363,20 +361,20 @@ impl StreamSink {
             encoding: frame.base64.then(|| "base64".to_string()),
             ..self.stream(frame.event, Value::String(frame.data))
         };
-        let frame = Outbound::Frame(Frame::Stream(stream));
+        let frame = Outbound::Frame(Box::new(Frame::Stream(stream)));
         self.outbox.send(frame).await.map_err(|_| SessionGone)
     }
 
     /// Sends a `stream` frame; waits while the peer is slow. Fails only
     /// when the session is gone.
     pub async fn event(&self, event: &str, data: Value) -> Result<(), SessionGone> {
-        let frame = Outbound::Frame(Frame::Stream(self.stream(event, data)));
+        let frame = Outbound::Frame(Box::new(Frame::Stream(self.stream(event, data))));
         self.outbox.send(frame).await.map_err(|_| SessionGone)
     }
 
     /// [`event`](Self::event) from a blocking thread (a search).
     pub fn event_blocking(&self, event: &str, data: Value) -> Result<(), SessionGone> {
-        let frame = Outbound::Frame(Frame::Stream(self.stream(event, data)));
+        let frame = Outbound::Frame(Box::new(Frame::Stream(self.stream(event, data))));
         self.outbox.blocking_send(frame).map_err(|_| SessionGone)
     }
 

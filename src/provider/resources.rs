@@ -40,7 +40,7 @@ impl EventSink {
             payload,
         });
         self.outbox
-            .send(Outbound::Frame(frame))
+            .send(Outbound::Frame(Box::new(frame)))
             .await
             .map_err(|_| SessionGone)
     }

@@ -180,14 +180,16 @@ fn upgrade(
                     Some(ws_config()),
                 )
                 .await;
+                // Each boxed: this task's future would otherwise be as
+                // large as the larger of the two, for every session.
                 match profile {
                     Profile::Relay => {
                         let peer = peer::Peer::Tcp { addr: peer };
-                        session::over_websocket(gateway, ws, peer).await;
+                        Box::pin(session::over_websocket(gateway, ws, peer)).await;
                     }
                     Profile::Environment => {
                         let peer = peer::Peer::TcpJsonRpc { addr: peer };
-                        session::envproto_over_websocket(gateway, ws, peer).await;
+                        Box::pin(session::envproto_over_websocket(gateway, ws, peer)).await;
                     }
                 }
             }

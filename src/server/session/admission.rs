@@ -465,7 +465,7 @@ impl Session {
                     // takes this before the next record).
                     let _ = done.send(Inbox::Done(id.clone()));
                     let _ = outbox
-                        .send(Outbound::Frame(Frame::Response(response)))
+                        .send(Outbound::Frame(Box::new(Frame::Response(response))))
                         .await;
                     return;
                 }

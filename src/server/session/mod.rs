@@ -60,7 +60,8 @@ const OUTBOX_CAPACITY: usize = 64;
 /// request of its own, or one of the runtime).
 enum Inbox {
     Done(RequestId),
-    Asked(Asked),
+    /// Boxed: every session's inbox holds a block of 32 of these.
+    Asked(Box<Asked>),
 }
 
 type InboxSender = mpsc::UnboundedSender<Inbox>;
@@ -136,10 +137,11 @@ pub async fn run<R, W>(
 
     let (outbox, outbox_rx) = mpsc::channel(OUTBOX_CAPACITY);
     let max_frame = gateway.config.limits.max_frame;
-    let writer_task = tokio::spawn(writer::write_loop(writer, outbox_rx, max_frame));
+    // The writer boxed: a task's future would hold two copies of it.
+    let writer_task = tokio::spawn(writer::write_loop(Box::new(writer), outbox_rx, max_frame));
     let (inbox, inbox_rx) = mpsc::unbounded_channel();
     let to_inbox = inbox.clone();
-    let requests = Requests::new(move |asked| to_inbox.send(Inbox::Asked(asked)).is_ok());
+    let requests = Requests::new(move |asked| to_inbox.send(Inbox::Asked(Box::new(asked))).is_ok());
     let hello = Hello {
         protocol: PROTOCOL.to_string(),
         provider_id: Some(gateway.config.provider_id.clone()),
@@ -180,7 +182,7 @@ pub async fn run<R, W>(
         requests,
     };
     if outbox
-        .send(Outbound::Frame(Frame::Hello(hello)))
+        .send(Outbound::Frame(Box::new(Frame::Hello(hello))))
         .await
         .is_ok()
     {
@@ -321,12 +323,12 @@ impl Session {
                     break Ending::Close { policy: true, reason: "no relay.accepted in time".into() };
                 }
                 Ok(()) = policy_rx.changed() => {
-                    if let Some(ending) = self.reevaluate().await { break ending; }
+                    if let Some(ending) = Box::pin(self.reevaluate()).await { break ending; }
                     expiry = self.next_expiry();
                     expiry_timer.as_mut().reset(expiry.unwrap_or_else(never));
                 }
                 () = &mut expiry_timer, if expiry.is_some() => {
-                    if let Some(ending) = self.reevaluate().await { break ending; }
+                    if let Some(ending) = Box::pin(self.reevaluate()).await { break ending; }
                     expiry = self.next_expiry();
                     expiry_timer.as_mut().reset(expiry.unwrap_or_else(never));
                 }
@@ -422,14 +424,15 @@ impl Session {
     /// One item of the inbox: an answer's id freed, or a call's own
     /// request taken.
     async fn take_inbox(&mut self, item: Inbox, done: &InboxSender, draining: bool) {
-        match item {
-            Inbox::Done(id) => self.finished(&id),
-            // Boxed, so that an idle session's future has no room for it.
-            Inbox::Asked(Asked::Session(nested)) => {
-                Box::pin(self.handle_nested(*nested, done, draining)).await
-            }
-            Inbox::Asked(Asked::Runtime(asked)) => Box::pin(self.send_to_runtime(*asked)).await,
-            Inbox::Asked(Asked::RuntimeCancel { id, why }) => self.runtime_cancelled(id, why).await,
+        let asked = match item {
+            Inbox::Done(id) => return self.finished(&id),
+            Inbox::Asked(asked) => *asked,
+        };
+        // Boxed, so that an idle session's future has no room for them.
+        match asked {
+            Asked::Session(nested) => Box::pin(self.handle_nested(*nested, done, draining)).await,
+            Asked::Runtime(asked) => Box::pin(self.send_to_runtime(*asked)).await,
+            Asked::RuntimeCancel { id, why } => Box::pin(self.runtime_cancelled(id, why)).await,
         }
     }
 
@@ -459,7 +462,7 @@ impl Session {
     }
 
     async fn send(&self, frame: Frame) {
-        let _ = self.outbox.send(Outbound::Frame(frame)).await;
+        let _ = self.outbox.send(Outbound::Frame(Box::new(frame))).await;
     }
 
     async fn event(&self, event: &str, payload: Value) {
@@ -514,7 +517,9 @@ impl Session {
             Ok(Record::Frame(Frame::Ping(beat))) => self.send(Frame::Pong(beat)).await,
             Ok(Record::Frame(Frame::Response(response))) => self.runtime_answered(response),
             Ok(Record::Frame(Frame::Event(event))) if event.event == "relay.accepted" => {
-                return self.accept(&event.payload).await;
+                // Boxed (once per session), like the refusal below: an
+                // idle session's future has no room for them.
+                return Box::pin(self.accept(&event.payload)).await;
             }
             Ok(Record::Frame(other)) => debug!(session = self.info.id, "ignored frame: {other:?}"),
             Ok(Record::Chunk(chunk)) => {
@@ -536,7 +541,7 @@ impl Session {
                     RecordError::PartsBudgetSpent { .. } => ErrorCode::ProviderError,
                     _ => ErrorCode::InvalidRequest,
                 };
-                self.record_refusal(record, code).await;
+                Box::pin(self.record_refusal(record, code)).await;
                 match salvaged {
                     Some(id) if matches!(e, RecordError::Frame(_)) => {
                         self.respond_error(id, ErrorCode::InvalidRequest, e.to_string())

@@ -12,7 +12,7 @@ use crate::provider::Outbound;
 /// Drains the outbox into the socket. Consecutive records are written
 /// together and flushed when the outbox runs dry.
 pub(super) async fn write_loop<W: RecordSink>(
-    mut writer: W,
+    mut writer: Box<W>,
     mut outbox: mpsc::Receiver<Outbound>,
     max_frame: usize,
 ) {
@@ -24,18 +24,18 @@ pub(super) async fn write_loop<W: RecordSink>(
             }
             Outbound::Frame(frame) => {
                 let mut sent = true;
-                for record in encode_frame(frame, max_frame) {
-                    sent = sent && send(&mut writer, record, &outbox).await;
+                for record in encode_frame(*frame, max_frame) {
+                    sent = sent && send(&mut *writer, record, &outbox).await;
                 }
                 sent
             }
-            Outbound::Record(chunk) => send(&mut writer, chunk.into_record(), &outbox).await,
+            Outbound::Record(chunk) => send(&mut *writer, chunk.into_record(), &outbox).await,
             Outbound::Chunk { id, channel, data } => {
                 let capacity = record::chunk_capacity(&id).max(1);
                 for piece in data.chunks(capacity) {
                     let mut chunk = ChunkRecord::new(&id, channel, piece.len());
                     chunk.buffer().extend_from_slice(piece);
-                    if !send(&mut writer, chunk.into_record(), &outbox).await {
+                    if !send(&mut *writer, chunk.into_record(), &outbox).await {
                         return;
                     }
                 }
