@@ -30,6 +30,7 @@ use super::peer::Peer;
 use super::session;
 use crate::config::RelayEndpoint;
 use portcullis_wire::channel::ws_config;
+use portcullis_wire::read_ahead::ReadAhead;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 /// The first wait after a failure, and the longest.
@@ -186,8 +187,14 @@ async fn open(
 /// An upgraded connection to an endpoint, with TLS or (to loopback)
 /// without (boxed: the TLS state is large).
 enum Upgraded {
-    Tcp(Box<tokio_tungstenite::WebSocketStream<TcpStream>>),
-    Tls(Box<tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>>),
+    Tcp(Box<tokio_tungstenite::WebSocketStream<ReadAhead<TcpStream>>>),
+    Tls(
+        Box<
+            tokio_tungstenite::WebSocketStream<
+                ReadAhead<tokio_rustls::client::TlsStream<TcpStream>>,
+            >,
+        >,
+    ),
 }
 
 /// DNS, TCP, TLS for `wss://`, and the upgrade with the bearer token:
@@ -319,11 +326,12 @@ async fn upgrade<S>(
     stream: S,
     limit: Duration,
     config: WebSocketConfig,
-) -> Result<tokio_tungstenite::WebSocketStream<S>, DialError>
+) -> Result<tokio_tungstenite::WebSocketStream<ReadAhead<S>>, DialError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     use tokio_tungstenite::tungstenite::Error;
+    let stream = ReadAhead::new(stream);
     let upgraded = timeout(
         limit,
         tokio_tungstenite::client_async_with_config(request, stream, Some(config)),

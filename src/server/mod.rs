@@ -41,6 +41,7 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tracing::{debug, info};
 
 use portcullis_wire::channel::{ENVIRONMENT_PATH, RELAY_PATH, ws_config};
+use portcullis_wire::read_ahead::ReadAhead;
 pub use state::Gateway;
 
 /// Accepts connections on `listener` until shutdown.
@@ -175,7 +176,7 @@ fn upgrade(
         match hyper::upgrade::on(request).await {
             Ok(upgraded) => {
                 let ws = WebSocketStream::from_raw_socket(
-                    TokioIo::new(upgraded),
+                    ReadAhead::new(TokioIo::new(upgraded)),
                     Role::Server,
                     Some(ws_config()),
                 )

@@ -27,8 +27,11 @@ pub const ENVIRONMENT_PATH: &str = "/api/v1/environment/connect";
 
 /// WebSocket limits (the gateway's; the client's are
 /// [`client_ws_config`]): one Noise message (≤ 65535 bytes) per
-/// WebSocket message, so nothing larger is ever reassembled; a small read
-/// buffer keeps idle sessions cheap. Small records queued behind each other
+/// WebSocket message, so nothing larger is ever reassembled; a 4 KiB read
+/// buffer keeps idle sessions cheap (it is held by every connection, 16 of
+/// the 36 KiB an idle session took with 16 KiB), and the gateway's streams
+/// read ahead in bulk ([`crate::read_ahead`]) so that uploads do not pay
+/// for it in system calls. Small records queued behind each other
 /// are written with one system call: `RecordWriter::send` without `flush`
 /// leaves them in the write buffer (up to 64 KiB; a larger record goes out
 /// at once), and both ends' writer tasks flush whenever their queue is
@@ -36,7 +39,7 @@ pub const ENVIRONMENT_PATH: &str = "/api/v1/environment/connect";
 /// from 1.00 `sendto` per answer to 0.30–0.59 (bench, 2026-11-23).
 pub fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
-        .read_buffer_size(16 * 1024)
+        .read_buffer_size(4 * 1024)
         .write_buffer_size(64 * 1024)
         .max_write_buffer_size(4 * 65536)
         .max_message_size(Some(portcullis_crypto::MAX_MESSAGE_LEN))
@@ -47,10 +50,12 @@ pub fn ws_config() -> WebSocketConfig {
 /// an upload's records go out four to a system call. Fewer, larger writes
 /// wake the gateway less often: a 1 GiB put, alternated eight times
 /// against one gateway, ran at a median of 1,263 MB/s against 1,095 with
-/// the gateway's 64 KiB (client CPU 580–700 ms against 630–810). A larger
-/// read buffer for the client made downloads slower, so that stays.
+/// the gateway's 64 KiB (client CPU 580–700 ms against 630–810). The
+/// client's read buffer stays at 16 KiB: a larger one made downloads
+/// slower.
 pub fn client_ws_config() -> WebSocketConfig {
     ws_config()
+        .read_buffer_size(16 * 1024)
         .write_buffer_size(256 * 1024)
         .max_write_buffer_size(512 * 1024)
 }

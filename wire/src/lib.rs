@@ -17,4 +17,5 @@ pub mod envproto;
 pub mod frame;
 pub mod keyfile;
 pub mod plain;
+pub mod read_ahead;
 pub mod record;
