@@ -249,8 +249,8 @@ impl CommandCgroup {
     /// Gives it the lowest CPU weight, so what runs in it (a launcher
     /// building its world in the pool) gets the cores only when running
     /// commands leave them idle; [`limit`](Self::limit) takes the default
-    /// back. False where it has no `cpu` controller.
-    pub fn lower_cpu_weight(&mut self) -> std::io::Result<bool> {
+    /// back. Nothing where it has no `cpu` controller.
+    pub fn lower_cpu_weight(&mut self) -> std::io::Result<()> {
         for (dir, v2, controllers) in &self.dirs {
             if controllers.contains(&Controller::Cpu) {
                 let (file, lowest, _) = if *v2 { CPU_WEIGHT } else { CPU_SHARES };
@@ -258,7 +258,7 @@ impl CommandCgroup {
                 self.lowered = true;
             }
         }
-        Ok(self.lowered)
+        Ok(())
     }
 
     /// Sets the limits this cgroup's controllers take (and the default CPU

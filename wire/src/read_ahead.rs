@@ -33,13 +33,9 @@ impl<S> ReadAhead<S> {
         Self { inner, ahead: None }
     }
 
-    /// Whether it holds a read-ahead buffer now (for tests).
-    pub fn is_reading_ahead(&self) -> bool {
+    #[cfg(test)]
+    fn is_reading_ahead(&self) -> bool {
         self.ahead.is_some()
-    }
-
-    pub fn get_ref(&self) -> &S {
-        &self.inner
     }
 }
 
