@@ -128,6 +128,22 @@ max_processes = 512
         self.child.id()
     }
 
+    /// Stops the gateway as systemd would (SIGTERM) and waits for it, so
+    /// that its state is written out; then returns its state directory.
+    pub fn stop(mut self) -> Result<PathBuf, String> {
+        use rustix::process::{Pid, Signal, kill_process};
+        let pid = Pid::from_raw(self.child.id() as i32).ok_or("the gateway has no pid")?;
+        kill_process(pid, Signal::TERM).map_err(|e| format!("stopping the gateway: {e}"))?;
+        let status = self
+            .child
+            .wait()
+            .map_err(|e| format!("waiting for the gateway: {e}"))?;
+        match status.success() {
+            true => Ok(self.dir.join("state")),
+            false => Err(format!("the gateway stopped with {status}")),
+        }
+    }
+
     /// The gateway's audit commits so far, from `GET /v1/metrics` on its
     /// admin socket.
     pub async fn audit_commits(&self) -> Result<AuditCommits, String> {
@@ -205,7 +221,7 @@ max_processes = 512
 #[derive(Clone, Copy)]
 pub struct AuditCommits {
     commits: f64,
-    entries: f64,
+    pub entries: f64,
     seconds: f64,
 }
 

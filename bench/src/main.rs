@@ -215,7 +215,7 @@ async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
     if args.wants(Part::Python) {
         rows::python(args, &gateway, work, &mut results).await?;
     }
-    drop(gateway);
+    rows::audit_size(gateway, &mut results).await?;
     if args.wants(Part::Dial) {
         rows::dial(args, work, &mut results).await?;
     }

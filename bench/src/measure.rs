@@ -168,6 +168,21 @@ pub fn processes_with(needles: &[&str]) -> Vec<u32> {
         .collect()
 }
 
+/// Bytes allocated on disk to the files under `dir`.
+pub fn disk_usage(dir: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut total = 0;
+    for item in std::fs::read_dir(dir)? {
+        let item = item?;
+        let meta = item.metadata()?;
+        total += match meta.is_dir() {
+            true => disk_usage(&item.path())?,
+            false => meta.blocks() * 512,
+        };
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1152,3 +1152,31 @@ pub async fn envproto(
     }
     Ok(())
 }
+
+/// Disk per audit entry: every entry this run's gateway logged, over the
+/// size of its state directory (sled's trees and the journal, in blocks
+/// allocated) once it has stopped and written everything out. Reported
+/// only when entries were logged.
+pub async fn audit_size(gateway: Gateway, results: &mut Results) -> Result<(), String> {
+    let entries = gateway.audit_commits().await?.entries;
+    let state = gateway.stop()?;
+    if entries < 1.0 {
+        return Ok(());
+    }
+    let bytes =
+        measure::disk_usage(&state).map_err(|e| format!("the size of {}: {e}", state.display()))?;
+    let mut ours = Spread::default();
+    ours.push(bytes as f64 / entries);
+    results.rows.push(Row::new(
+        "Audit log",
+        format!(
+            "disk per audit entry: the gateway's state directory once stopped, over the {entries:.0} entries of this run"
+        ),
+        "B",
+        ours,
+        Spread::default(),
+        Better::Lower,
+        0,
+    ));
+    Ok(())
+}

@@ -2,9 +2,12 @@
 //! (the record with its place in the chain and its hash), and how an entry
 //! is stored.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::codec::{self, Strings};
 use crate::StoreError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -267,9 +270,9 @@ pub(super) fn entry_hash(seq: u64, prev: &str, record: &Record) -> String {
     stored_entry(seq, prev, record).0
 }
 
-/// An entry's hash and the entry as stored, from one serialization: the
-/// stored JSON is the hashed JSON with `hash` added last, which is what
-/// serializing [`Entry`] gives (a test holds them to it).
+/// An entry's hash and its JSON, from one serialization: the hashed JSON
+/// with `hash` added last, which is what serializing [`Entry`] gives (a
+/// test holds them to it). The journal holds this; sled the compact form.
 pub(super) fn stored_entry(seq: u64, prev: &str, record: &Record) -> (String, Vec<u8>) {
     let mut json = serde_json::to_vec(&Hashed { seq, prev, record }).unwrap_or_default();
     let hash = hex::encode(Sha256::digest(&json));
@@ -284,11 +287,37 @@ pub(super) fn key_seq(key: &[u8]) -> u64 {
     key.try_into().map(u64::from_be_bytes).unwrap_or(0)
 }
 
-pub(super) fn decode(key: &[u8], value: &[u8]) -> Result<Entry, StoreError> {
-    serde_json::from_slice(value).map_err(|e| StoreError::Corrupt {
-        seq: key_seq(key),
-        message: e.to_string(),
-    })
+/// The entry sled holds under `key`: compact ([`super::codec`]), or JSON
+/// as earlier builds stored it.
+pub(super) fn decode(key: &[u8], value: &[u8], strings: &Strings) -> Result<Entry, StoreError> {
+    let seq = key_seq(key);
+    let corrupt = |message: String| StoreError::Corrupt { seq, message };
+    match value.first() {
+        Some(b'{') => serde_json::from_slice(value).map_err(|e| corrupt(e.to_string())),
+        _ => codec::decode(value, strings).map_err(corrupt),
+    }
+}
+
+/// The entry under `key` as JSON with its stored hash last — what its hash
+/// is over, with the hash added: what an export carries and verification
+/// reads. An entry stored as JSON is its bytes verbatim.
+pub(super) fn entry_json<'v>(
+    key: &[u8],
+    value: &'v [u8],
+    strings: &Strings,
+) -> Result<Cow<'v, [u8]>, StoreError> {
+    if value.first() == Some(&b'{') {
+        return Ok(Cow::Borrowed(value));
+    }
+    let entry = decode(key, value, strings)?;
+    // Serializing `Entry` gives the hashed JSON with `hash` last (a test
+    // holds `stored_entry` to it).
+    serde_json::to_vec(&entry)
+        .map(Cow::Owned)
+        .map_err(|e| StoreError::Corrupt {
+            seq: entry.seq,
+            message: e.to_string(),
+        })
 }
 
 #[cfg(test)]
@@ -301,7 +330,7 @@ mod tests {
     #[test]
     fn an_entry_written_before_the_spec_s_names_still_hashes_the_same() {
         let stored = br#"{"seq":7,"prev":"00","kind":"request","started_at":"2026-11-20T10:00:00Z","completed_at":"2026-11-20T10:00:01Z","connection":3,"principal":"alice","request_id":"r1","method":"file.read","context":{"run_id":"run_1"},"decision":"allowed","status":"succeeded","bytes_in":0,"bytes_out":0,"hash":"5db6c2db41f7913b0c04fea41b9775d02e9811f5ff79d1f9a47435b1ca60c328"}"#;
-        let entry = decode(&7u64.to_be_bytes(), stored).unwrap();
+        let entry = decode(&7u64.to_be_bytes(), stored, &Strings::default()).unwrap();
         let (hash, again) = stored_entry(entry.seq, &entry.prev, &entry.record);
         assert_eq!(hash, entry.hash);
         assert_eq!(again, stored);

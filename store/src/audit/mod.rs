@@ -16,6 +16,7 @@
 //! and synced when the journal has grown, at checkpoints and at shutdown;
 //! then the journal is emptied.
 
+mod codec;
 mod entry;
 mod prune;
 mod query;
@@ -40,6 +41,7 @@ use tokio::sync::{oneshot, watch};
 use crate::StoreError;
 use crate::checkpoint::{AuditSigner, Checkpoint};
 use crate::journal::Journal;
+use codec::{Interner, Strings};
 pub use entry::{Decision, Entry, Kind, Record, RequestContext, Status};
 use entry::{decode, key_seq};
 pub use prune::Retain;
@@ -55,6 +57,9 @@ const CHECKPOINTS: &str = "audit_checkpoints";
 /// when the log is next opened.
 const OPEN_INTENTS: &str = "audit_open_intents";
 const META: &str = "audit_meta";
+/// The strings entries name by number ([`codec`]): key the number (4
+/// bytes, big-endian).
+const STRINGS: &str = "audit_strings";
 const PRUNE_KEY: &[u8] = b"prune";
 /// The checkpoint signed after the last group commit (in `META`).
 const HEAD_CHECKPOINT_KEY: &[u8] = b"head_checkpoint";
@@ -75,7 +80,7 @@ const JOURNAL: &str = "audit.journal";
 const JOURNAL_LIMIT: u64 = 4 * 1024 * 1024;
 
 type Reply = oneshot::Sender<Result<u64, StoreError>>;
-/// An entry as sled stores it: its sequence number and its JSON.
+/// An entry as sled stores it: its sequence number and its compact form.
 type Stored = (u64, Vec<u8>);
 
 /// What the writer thread is asked to do.
@@ -218,6 +223,8 @@ pub struct AuditLog {
     tree: sled::Tree,
     checkpoints: sled::Tree,
     meta: sled::Tree,
+    /// The strings entries name by number.
+    strings: Strings,
     jobs: mpsc::Sender<Job>,
     /// The public half of the signer, when this log signs.
     public_key: Option<Vec<u8>>,
@@ -240,6 +247,8 @@ impl AuditLog {
         let checkpoints = db.open_tree(CHECKPOINTS).map_err(StoreError::Sled)?;
         let meta = db.open_tree(META).map_err(StoreError::Sled)?;
         let open_intents = db.open_tree(OPEN_INTENTS).map_err(StoreError::Sled)?;
+        let string_tree = db.open_tree(STRINGS).map_err(StoreError::Sled)?;
+        let strings = Strings::load(&string_tree).map_err(StoreError::Sled)?;
         let signed_through = match checkpoints.last().map_err(StoreError::Sled)? {
             Some((key, _)) => key_seq(&key),
             None => 0,
@@ -255,6 +264,9 @@ impl AuditLog {
             db: db.clone(),
             tree: tree.clone(),
             open_intents,
+            string_tree,
+            interner: Interner::new(strings.clone()),
+            strings: strings.clone(),
             log_file,
             journal,
             durability,
@@ -278,7 +290,7 @@ impl AuditLog {
         // A log pruned to nothing continues where its prune marker says.
         let marker = read_prune_marker(&meta)?.and_then(Result::ok);
         if let Some((key, value)) = tree.last().map_err(StoreError::Sled)? {
-            let entry = decode(&key, &value)?;
+            let entry = decode(&key, &value, &strings)?;
             (writer.seq, writer.head) = (entry.seq, entry.hash);
         } else if let Some(marker) = &marker {
             (writer.seq, writer.head) = (marker.first_seq.saturating_sub(1), marker.prev.clone());
@@ -305,6 +317,7 @@ impl AuditLog {
             tree,
             checkpoints,
             meta,
+            strings,
             jobs,
             public_key,
             counters,

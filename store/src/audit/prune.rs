@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use super::codec::Strings;
 use super::entry::{decode, key_seq};
 use super::query::at_or_after;
 use super::writer::Writer;
@@ -74,7 +75,8 @@ impl AuditLog {
         Ok(match bound {
             Retain::Newest(keep) => Some(Cut::Newest(keep)),
             Retain::Since(before) => {
-                last_started_before(&self.tree, &self.meta, &before)?.map(Cut::Through)
+                last_started_before(&self.tree, &self.meta, &self.strings, &before)?
+                    .map(Cut::Through)
             }
         })
     }
@@ -132,6 +134,7 @@ pub(super) fn first_kept(tree: &sled::Tree, meta: &sled::Tree) -> Result<Option<
 pub(super) fn last_started_before(
     tree: &sled::Tree,
     meta: &sled::Tree,
+    strings: &Strings,
     before: &jiff::Timestamp,
 ) -> Result<Option<u64>, StoreError> {
     let Some(first_seq) = first_kept(tree, meta)? else {
@@ -140,7 +143,7 @@ pub(super) fn last_started_before(
     let mut last = None;
     for item in tree.range(first_seq.to_be_bytes()..) {
         let (key, value) = item.map_err(StoreError::Sled)?;
-        let entry = decode(&key, &value)?;
+        let entry = decode(&key, &value, strings)?;
         if at_or_after(&entry.record.started_at, before) {
             break;
         }
@@ -249,7 +252,7 @@ impl Writer {
         }
         let count = last_removed_seq - first_seq + 1;
         let last = match self.tree.get(last_removed_seq.to_be_bytes()).map_err(io)? {
-            Some(value) => decode(&last_removed_seq.to_be_bytes(), &value)?,
+            Some(value) => decode(&last_removed_seq.to_be_bytes(), &value, &self.strings)?,
             None => {
                 return Err(StoreError::Corrupt {
                     seq: last_removed_seq,

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::entry::{Decision, Entry, Status, decode, key_seq};
+use super::entry::{Decision, Entry, Status, decode, entry_json, key_seq};
 use super::{AuditLog, EXPORT_FORMAT};
 use crate::StoreError;
 
@@ -25,7 +25,7 @@ impl AuditLog {
             .get(seq.to_be_bytes())
             .map_err(StoreError::Sled)?
         {
-            Some(value) => decode(&seq.to_be_bytes(), &value).map(Some),
+            Some(value) => decode(&seq.to_be_bytes(), &value, &self.strings).map(Some),
             None => Ok(None),
         }
     }
@@ -36,7 +36,7 @@ impl AuditLog {
         let mut out = Vec::new();
         for item in self.entries().iter().rev() {
             let (key, value) = item.map_err(StoreError::Sled)?;
-            let entry = decode(&key, &value)?;
+            let entry = decode(&key, &value, &self.strings)?;
             if filter
                 .since
                 .as_ref()
@@ -59,7 +59,7 @@ impl AuditLog {
         let mut out = Vec::new();
         for item in self.entries().range((seq + 1).to_be_bytes()..).take(limit) {
             let (key, value) = item.map_err(StoreError::Sled)?;
-            out.push(decode(&key, &value)?);
+            out.push(decode(&key, &value, &self.strings)?);
         }
         Ok(out)
     }
@@ -88,8 +88,9 @@ impl AuditLog {
         })
     }
 
-    /// Writes the log as JSON Lines: a header, then every entry (its stored
-    /// bytes, verbatim), each checkpoint right after the entry it covers.
+    /// Writes the log as JSON Lines: a header, then every entry (the JSON
+    /// its hash is over, with the hash), each checkpoint right after the
+    /// entry it covers.
     /// Verifiable offline with [`super::verify_export`] and the audit
     /// public key. Returns the entry count.
     pub fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
@@ -126,16 +127,17 @@ impl AuditLog {
             if head.as_ref().is_some_and(|head| seq > head.seq) {
                 break;
             }
-            // The entry exactly as stored: verification hashes these bytes.
-            // (Stored entries are always single-line JSON objects.)
-            if serde_json::from_slice::<&serde_json::value::RawValue>(&value).is_err() {
+            // The JSON its hash is over, with the hash: an entry stored as
+            // JSON verbatim (and always a single line).
+            let json = entry_json(&k, &value, &self.strings)?;
+            if serde_json::from_slice::<&serde_json::value::RawValue>(&json).is_err() {
                 return Err(StoreError::Corrupt {
                     seq,
                     message: "not a JSON value".into(),
                 });
             }
             out.write_all(br#"{"type":"entry","entry":"#)
-                .and_then(|()| out.write_all(&value))
+                .and_then(|()| out.write_all(&json))
                 .and_then(|()| out.write_all(b"}\n"))
                 .map_err(io)?;
             count += 1;

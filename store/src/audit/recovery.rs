@@ -2,6 +2,7 @@
 //! put back, once they are checked to continue the chain.
 
 use super::Intent;
+use super::codec;
 use super::entry::{Entry, decode, entry_hash};
 use super::writer::Writer;
 use crate::StoreError;
@@ -34,7 +35,7 @@ impl Writer {
                 // later ones (put it back), or it was pruned since (skip).
                 let key = entry.seq.to_be_bytes();
                 match self.tree.get(key).map_err(io)? {
-                    Some(stored) if decode(&key, &stored)?.hash != entry.hash => {
+                    Some(stored) if decode(&key, &stored, &self.strings)?.hash != entry.hash => {
                         return Err(StoreError::Corrupt {
                             seq: entry.seq,
                             message: "the journal and the log hold different entries".into(),
@@ -42,7 +43,7 @@ impl Writer {
                     }
                     Some(_) => {}
                     None if entry.seq >= kept_from => {
-                        self.tree.insert(key, payload.as_slice()).map_err(io)?;
+                        self.insert_compact(&entry)?;
                         restored += 1;
                     }
                     None => {}
@@ -61,9 +62,7 @@ impl Writer {
                     ),
                 });
             }
-            self.tree
-                .insert(entry.seq.to_be_bytes(), payload.as_slice())
-                .map_err(io)?;
+            self.insert_compact(&entry)?;
             (self.seq, self.head) = (entry.seq, entry.hash);
             restored += 1;
         }
@@ -71,5 +70,23 @@ impl Writer {
             self.settle()?;
         }
         Ok(restored)
+    }
+
+    /// Puts a journal's entry into sled in the compact form, its new
+    /// strings first.
+    fn insert_compact(&mut self, entry: &Entry) -> Result<(), StoreError> {
+        let mut new = Vec::new();
+        let compact = codec::encode(
+            entry.seq,
+            &entry.prev,
+            &entry.hash,
+            &entry.record,
+            Some(&mut self.interner),
+            &mut new,
+        );
+        self.insert_strings(&new)
+            .and_then(|()| self.tree.insert(entry.seq.to_be_bytes(), compact))
+            .map(drop)
+            .map_err(StoreError::Sled)
     }
 }

@@ -1,5 +1,6 @@
 //! The audit log's unit tests: they tamper with the trees directly.
-use super::entry::{entry_hash, stored_entry};
+use super::codec;
+use super::entry::{entry_hash, entry_json, stored_entry};
 use super::prune::PRUNE_CHUNK;
 use super::*;
 use crate::Store;
@@ -76,13 +77,32 @@ fn log_with(name: &str, n: u64) -> (Store, AuditLog, std::path::PathBuf) {
     (store, log, dir)
 }
 
+/// Entry `seq` as JSON (what its hash is over, with the hash).
+fn json_at(log: &AuditLog, seq: u64) -> serde_json::Value {
+    let key = seq.to_be_bytes();
+    let value = log.entries().get(key).unwrap().unwrap();
+    serde_json::from_slice(&entry_json(&key, &value, &log.strings).unwrap()).unwrap()
+}
+
+/// Stores `json` (an entry) as entry `seq` in the compact form, as the
+/// writer would, but with every string in the entry.
+fn put(log: &AuditLog, seq: u64, json: serde_json::Value) {
+    let entry: Entry = serde_json::from_value(json).unwrap();
+    let compact = codec::encode(
+        entry.seq,
+        &entry.prev,
+        &entry.hash,
+        &entry.record,
+        None,
+        &mut Vec::new(),
+    );
+    log.tree.insert(seq.to_be_bytes(), compact).unwrap();
+}
+
 fn edit(log: &AuditLog, seq: u64, change: impl FnOnce(&mut serde_json::Value)) {
-    let value = log.tree.get(seq.to_be_bytes()).unwrap().unwrap();
-    let mut json: serde_json::Value = serde_json::from_slice(&value).unwrap();
+    let mut json = json_at(log, seq);
     change(&mut json);
-    log.tree
-        .insert(seq.to_be_bytes(), serde_json::to_vec(&json).unwrap())
-        .unwrap();
+    put(log, seq, json);
 }
 
 #[test]
@@ -148,6 +168,58 @@ fn an_edited_entry_is_found() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Entries name their repeated strings by number: a string changed in the
+/// table changes every entry naming it, and the first of them is found.
+#[test]
+fn an_edited_string_is_found() {
+    let (store, log, dir) = log_with("edited-string", 6);
+    let strings = store.db.open_tree(super::STRINGS).unwrap();
+    let (id, method) = strings
+        .iter()
+        .map(Result::unwrap)
+        .find(|(_, value)| value.as_ref() == b"file.read")
+        .unwrap();
+    assert_eq!(log.verify(None).unwrap().error, None);
+    strings.insert(&id, &b"file.wipe"[..]).unwrap();
+    drop((log, strings, method, store));
+    // The table as a reopened store reads it; entry 3 is the first
+    // `file.read`.
+    let store = reopen(&dir);
+    let log = store.audit(None).unwrap();
+    assert_eq!(
+        log.get(3).unwrap().unwrap().record.method.as_deref(),
+        Some("file.wipe")
+    );
+    assert_eq!(
+        log.verify(None).unwrap().error,
+        Some(VerifyError::Edited { seq: 3 })
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// sled holds entries in the compact form, a fraction of their JSON, and
+/// names each repeated string once.
+#[test]
+fn entries_are_stored_compact() {
+    let (store, log, dir) = log_with("compact", 50);
+    let stored: usize = log.entries().iter().map(|item| item.unwrap().1.len()).sum();
+    let json: usize = (1..=50)
+        .map(|seq| json_at(&log, seq).to_string().len())
+        .sum();
+    assert!(
+        stored * 3 < json,
+        "{stored} bytes stored for {json} of JSON"
+    );
+    let strings = store.db.open_tree(super::STRINGS).unwrap();
+    let names: Vec<_> = strings.iter().map(|item| item.unwrap().1).collect();
+    let reads = names
+        .iter()
+        .filter(|name| name.as_ref() == b"file.read")
+        .count();
+    assert_eq!(reads, 1, "{names:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_deleted_entry_is_found() {
     let (_store, log, dir) = log_with("deleted", 6);
@@ -187,17 +259,10 @@ fn reordered_entries_are_found() {
     );
     // Swapped and renumbered: the hashes give it away.
     let (_store, log, dir2) = log_with("renumbered", 6);
-    let mut a: serde_json::Value =
-        serde_json::from_slice(&log.tree.get(2u64.to_be_bytes()).unwrap().unwrap()).unwrap();
-    let mut b: serde_json::Value =
-        serde_json::from_slice(&log.tree.get(3u64.to_be_bytes()).unwrap().unwrap()).unwrap();
+    let (mut a, mut b) = (json_at(&log, 2), json_at(&log, 3));
     std::mem::swap(&mut a["seq"], &mut b["seq"]);
-    log.tree
-        .insert(2u64.to_be_bytes(), serde_json::to_vec(&b).unwrap())
-        .unwrap();
-    log.tree
-        .insert(3u64.to_be_bytes(), serde_json::to_vec(&a).unwrap())
-        .unwrap();
+    put(&log, 2, b);
+    put(&log, 3, a);
     assert_eq!(
         log.verify(None).unwrap().error,
         Some(VerifyError::Edited { seq: 2 })
@@ -857,7 +922,7 @@ fn interrupted(log: &AuditLog) -> Vec<(u64, String)> {
         .iter()
         .map(|item| {
             let (k, v) = item.unwrap();
-            decode(&k, &v).unwrap()
+            decode(&k, &v, &log.strings).unwrap()
         })
         .filter(|e| e.record.status == Some(Status::Interrupted))
         .map(|e| {

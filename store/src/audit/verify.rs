@@ -1,17 +1,21 @@
 //! Verification: the chain recomputed entry by entry and every signed
 //! checkpoint checked, over the log in the store or an export of it.
 //!
-//! An entry is checked over the bytes that were written, not over a
-//! re-serialization of what this build decodes: its hash is the SHA-256 of
-//! its stored JSON up to `,"hash":"…"}`, with the closing brace put back.
-//! So an entry written by an older or newer build — fields this one does
-//! not know, fields it has since added, another order — verifies as long as
-//! its bytes are unchanged, and a change to any byte of it is found.
+//! An entry is checked over its JSON: the SHA-256 of it up to
+//! `,"hash":"…"}`, with the closing brace put back. An entry sled holds
+//! in the compact form is turned back into the JSON that was hashed (the
+//! form keeps every value exactly: [`super::codec`]), so a change to any
+//! of its bytes, or to a string it names, is found. An entry stored as
+//! JSON (by earlier builds), and every entry of an export, is checked over
+//! its bytes as written, not over a re-serialization of what this build
+//! decodes: one written by an older or newer build — fields this one does
+//! not know, fields it has since added, another order — verifies as long
+//! as its bytes are unchanged.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::entry::{Entry, entry_hash, key_seq};
+use super::entry::{Entry, entry_hash, entry_json, key_seq};
 use super::{AuditLog, GENESIS};
 use crate::StoreError;
 use crate::checkpoint::{Checkpoint, PruneMarker};
@@ -45,7 +49,14 @@ impl AuditLog {
         for item in self.entries().iter() {
             let (k, value) = item.map_err(StoreError::Sled)?;
             let seq = key_seq(&k);
-            if !verifier.entry(seq, &value) {
+            let verified = match entry_json(&k, &value, &self.strings) {
+                Ok(json) => verifier.entry(seq, &json),
+                Err(e) => verifier.fail(VerifyError::Unreadable {
+                    seq,
+                    message: e.to_string(),
+                }),
+            };
+            if !verified {
                 return Ok(verifier.finish());
             }
             while let Some(Ok((ck, _))) = checkpoints.peek() {

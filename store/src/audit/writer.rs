@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use tokio::sync::watch;
 
+use super::codec::{self, Interner, NewString, Strings};
 use super::entry::{Kind, Record, Status, decode, key_seq, stored_entry};
 use super::{
     CHECKPOINT_EVERY, CHECKPOINT_INTERVAL, CommitCounters, Durability, HEAD_CHECKPOINT_KEY, Health,
@@ -17,9 +18,10 @@ use crate::StoreError;
 use crate::checkpoint::AuditSigner;
 use crate::journal::{self, Journal};
 
-/// A committed entry on its way into sled, with what it does to the open
+/// A committed entry on its way into sled, with the strings it is the
+/// first to name (sled must hold them first) and what it does to the open
 /// intents.
-type Indexed = (Stored, Option<Intent>);
+type Indexed = (Stored, Vec<NewString>, Option<Intent>);
 
 /// The single writer: sequence numbers and the chain head live here only.
 pub(super) struct Writer {
@@ -27,6 +29,12 @@ pub(super) struct Writer {
     pub(super) tree: sled::Tree,
     /// Start entries not yet completed (see [`Intent`]).
     pub(super) open_intents: sled::Tree,
+    /// The strings entries name by number, in sled…
+    pub(super) string_tree: sled::Tree,
+    /// …and in memory, for encoding…
+    pub(super) interner: Interner,
+    /// …and decoding.
+    pub(super) strings: Strings,
     pub(super) log_file: File,
     pub(super) journal: Journal,
     pub(super) durability: Durability,
@@ -278,13 +286,23 @@ impl Writer {
             return (failed, Vec::new());
         }
         let (mut seq, mut head) = (self.seq, self.head.clone());
+        let strings_before = self.interner.len();
         let mut frames = Vec::new();
         let mut values = Vec::with_capacity(records.len());
         for record in &records {
             seq += 1;
-            let (hash, value) = stored_entry(seq, &head, record);
-            journal::frame(&value, &mut frames);
-            values.push(((seq, value), Intent::of(seq, record)));
+            let (hash, json) = stored_entry(seq, &head, record);
+            journal::frame(&json, &mut frames);
+            let mut new = Vec::new();
+            let compact = codec::encode(
+                seq,
+                &head,
+                &hash,
+                record,
+                Some(&mut self.interner),
+                &mut new,
+            );
+            values.push(((seq, compact), new, Intent::of(seq, record)));
             head = hash;
         }
         let durable = self
@@ -312,6 +330,7 @@ impl Writer {
                 // Whether any of it reached the disk is unknown: stop, so no
                 // request runs unaudited; a retry cuts it off first.
                 self.journal.forget_unacknowledged();
+                self.interner.forget_from(strings_before);
                 self.lost += records.len() as u64;
                 self.stop(message.clone());
                 let failed = records
@@ -340,15 +359,24 @@ impl Writer {
         }
     }
 
-    /// Puts what [`Self::unindexed`] holds into sled, in order.
+    /// Puts what [`Self::unindexed`] holds into sled, in order, each
+    /// entry's new strings before it.
     fn index_pending(&mut self) -> Result<(), String> {
-        while let Some(((seq, value), intent)) = self.unindexed.front() {
+        while let Some(((seq, value), new, intent)) = self.unindexed.front() {
             let seq = *seq;
-            self.tree
-                .insert(seq.to_be_bytes(), value.as_slice())
+            self.insert_strings(new)
+                .and_then(|()| self.tree.insert(seq.to_be_bytes(), value.as_slice()))
                 .and_then(|_| self.apply(*intent))
                 .map_err(|e| format!("inserting entry {seq} into sled: {e}"))?;
             self.unindexed.pop_front();
+        }
+        Ok(())
+    }
+
+    pub(super) fn insert_strings(&self, new: &[NewString]) -> sled::Result<()> {
+        for (id, string) in new {
+            self.string_tree
+                .insert(id.to_be_bytes(), string.as_bytes())?;
         }
         Ok(())
     }
@@ -376,7 +404,7 @@ impl Writer {
                 self.open_intents.remove(&key).map_err(StoreError::Sled)?;
                 continue;
             };
-            let mut record = decode(&key, &stored)?.record;
+            let mut record = decode(&key, &stored, &self.strings)?.record;
             record.kind = Kind::Request;
             record.completed_at = Some(now.clone());
             record.status = Some(Status::Interrupted);
