@@ -1150,3 +1150,30 @@ fn a_checkpoint_kept_off_the_host_catches_a_resigned_rewrite_or_truncation() {
     );
     let _ = (std::fs::remove_dir_all(dir), std::fs::remove_dir_all(dir2));
 }
+
+/// A store an earlier build wrote (entries as JSON) is read, continued in
+/// the compact form, and verifies whole, in the store and exported.
+#[test]
+fn a_log_of_json_entries_continues_compact() {
+    let (store, log, dir) = log_with("upgrade", 0);
+    let mut prev = GENESIS.to_string();
+    for seq in 1..=3 {
+        let (hash, json) = stored_entry(seq, &prev, &record(seq));
+        log.tree.insert(seq.to_be_bytes(), json).unwrap();
+        prev = hash;
+    }
+    drop((log, store));
+    let store = reopen(&dir);
+    let log = store.audit(None).unwrap();
+    assert_eq!(log.append_blocking(record(4)).unwrap(), 4);
+    let first_byte = |seq: u64| log.entries().get(seq.to_be_bytes()).unwrap().unwrap()[0];
+    assert_eq!((first_byte(3), first_byte(4)), (b'{', codec::COMPACT_V1));
+    assert_eq!(log.get(4).unwrap().unwrap().prev, prev);
+    let report = log.verify(None).unwrap();
+    assert_eq!((report.entries, report.error), (4, None));
+    let mut export = Vec::new();
+    assert_eq!(log.export(&mut export).unwrap(), 4);
+    let report = verify_export(export.as_slice(), &[7u8; 32]).unwrap();
+    assert_eq!((report.entries, report.error), (4, None));
+    let _ = std::fs::remove_dir_all(dir);
+}
