@@ -11,7 +11,8 @@
 //! hashed, and exports verify anywhere as before. Entries stored as JSON by
 //! earlier builds (they begin with `{`) are read and verified as they are.
 //!
-//! Layout: [`COMPACT_V1`], the sequence number, a varint whose bits say which optional fields
+//! A value of sled's is one entry, or a group commit's entries
+//! ([`GROUP_V1`]). An entry's layout: [`COMPACT_V1`], the sequence number, a varint whose bits say which optional fields
 //! follow ([`Field`]), the kind, `started_at`, the present fields in
 //! [`Field`] order, `bytes_in`, `bytes_out`, `prev`, `hash`. A text is a
 //! varint header whose low three bits say how it is kept ([`Text`]).
@@ -27,6 +28,12 @@ use super::entry::{Decision, Entry, Kind, Record, RequestContext, Status};
 
 /// The first byte of a compact entry (JSON entries begin with `{`).
 pub(super) const COMPACT_V1: u8 = 1;
+/// The first byte of a group commit's entries in one value, under the
+/// first one's sequence number: a varint count, then each compact entry
+/// after its length (a varint). One sled insert per group, not per entry:
+/// sled copies a leaf on each insert, and stores each value with about
+/// 117 bytes of its own.
+pub(super) const GROUP_V1: u8 = 2;
 
 /// Strings interned at most; past this they are stored in each entry.
 /// Peers choose some interned values (a method name that no provider
@@ -488,6 +495,59 @@ impl Encoder<'_> {
     }
 }
 
+/// One value holding `entries` (compact, in order): the entry itself when
+/// it is alone, else a [`GROUP_V1`].
+pub(super) fn group(entries: Vec<Vec<u8>>) -> Vec<u8> {
+    if entries.len() == 1 {
+        return entries.into_iter().next().unwrap_or_default();
+    }
+    let size = entries.iter().map(|e| e.len() + 3).sum::<usize>() + 6;
+    let mut out = Encoder {
+        bytes: Vec::with_capacity(size),
+        interner: None,
+        new: &mut Vec::new(),
+    };
+    out.bytes.push(GROUP_V1);
+    out.varint(entries.len() as u64);
+    for entry in entries {
+        out.varint(entry.len() as u64);
+        out.bytes.extend_from_slice(&entry);
+    }
+    out.bytes
+}
+
+/// The entries a [`GROUP_V1`] value holds, each one's bytes.
+pub(super) fn members(value: &[u8]) -> Result<Vec<&[u8]>, String> {
+    let strings = Strings::default();
+    let mut input = Decoder {
+        bytes: value,
+        at: 0,
+        strings: &strings,
+    };
+    if input.byte()? != GROUP_V1 {
+        return Err("not a group of entries".into());
+    }
+    let count = input.varint()?;
+    // Each takes two bytes at least: a count past that is forged.
+    if count == 0 || count > input.left() as u64 / 2 {
+        return Err(format!(
+            "a group of {count} entries in {} bytes",
+            value.len()
+        ));
+    }
+    let mut members = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let len = input.varint()?;
+        let at = input.at;
+        input.take(len)?;
+        members.push(&value[at..input.at]);
+    }
+    if input.left() != 0 {
+        return Err("bytes after the group's last entry".into());
+    }
+    Ok(members)
+}
+
 /// `text`'s nanoseconds since the epoch, if it is a timestamp that jiff
 /// writes back as exactly `text`.
 fn nanos_if_canonical(text: &str) -> Option<i64> {
@@ -929,6 +989,27 @@ mod tests {
         assert!(decode(b"\x02", &strings).is_err());
     }
 
+    #[test]
+    fn a_group_holds_its_entries_in_order() {
+        let (strings, mut interner) = strings();
+        let mut new = Vec::new();
+        let entries: Vec<Vec<u8>> = (1..=3)
+            .map(|seq| encode(seq, HASH, HASH, &request(), Some(&mut interner), &mut new))
+            .collect();
+        let alone = group(vec![entries[0].clone()]);
+        assert_eq!(alone, entries[0], "one entry is stored as itself");
+        let value = group(entries.clone());
+        assert_eq!(value[0], GROUP_V1);
+        let held = members(&value).unwrap();
+        assert_eq!(held, entries.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        assert_eq!(decode(held[2], &strings).unwrap().seq, 3);
+        for cut in 0..value.len() {
+            assert!(members(&value[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(members(&[GROUP_V1, 0]).is_err(), "an empty group");
+        assert!(members(&[GROUP_V1, 0x7f, 1, 1]).is_err(), "a forged count");
+    }
+
     fn text() -> impl Strategy<Value = String> {
         prop_oneof![
             "[a-z0-9._ -]{0,12}",
@@ -1067,6 +1148,8 @@ mod tests {
             let mut forged = vec![COMPACT_V1];
             forged.extend(bytes);
             let _ = decode(&forged, &strings);
+            forged[0] = GROUP_V1;
+            let _ = members(&forged);
         }
     }
 }

@@ -287,8 +287,60 @@ pub(super) fn key_seq(key: &[u8]) -> u64 {
     key.try_into().map(u64::from_be_bytes).unwrap_or(0)
 }
 
-/// The entry sled holds under `key`: compact ([`super::codec`]), or JSON
-/// as earlier builds stored it.
+/// The entries one value of sled's holds, each with the sequence number it
+/// is stored at and its bytes (compact or JSON): one, under its own
+/// number, or a group commit's, under the first one's (numbered on from
+/// there).
+pub(super) fn unpack<'v>(key: &[u8], value: &'v [u8]) -> Result<Vec<(u64, &'v [u8])>, StoreError> {
+    let first = key_seq(key);
+    if value.first() != Some(&codec::GROUP_V1) {
+        return Ok(vec![(first, value)]);
+    }
+    let members = codec::members(value).map_err(|message| StoreError::Corrupt {
+        seq: first,
+        message,
+    })?;
+    Ok((first..).zip(members).collect())
+}
+
+/// The value holding entry `seq`: the last at or before it.
+pub(super) fn holding(
+    tree: &sled::Tree,
+    seq: u64,
+) -> Result<Option<(sled::IVec, sled::IVec)>, StoreError> {
+    tree.range(..=seq.to_be_bytes())
+        .next_back()
+        .transpose()
+        .map_err(StoreError::Sled)
+}
+
+/// Entry `seq`, if the log holds it.
+pub(super) fn find(
+    tree: &sled::Tree,
+    seq: u64,
+    strings: &Strings,
+) -> Result<Option<Entry>, StoreError> {
+    let Some((key, value)) = holding(tree, seq)? else {
+        return Ok(None);
+    };
+    let found = unpack(&key, &value)?.into_iter().find(|(at, _)| *at == seq);
+    found
+        .map(|(at, bytes)| decode(&at.to_be_bytes(), bytes, strings))
+        .transpose()
+}
+
+/// The last entry the log holds.
+pub(super) fn last(tree: &sled::Tree, strings: &Strings) -> Result<Option<Entry>, StoreError> {
+    let Some((key, value)) = tree.last().map_err(StoreError::Sled)? else {
+        return Ok(None);
+    };
+    let last = unpack(&key, &value)?.pop();
+    last.map(|(at, bytes)| decode(&at.to_be_bytes(), bytes, strings))
+        .transpose()
+}
+
+/// One entry's bytes (see [`unpack`]): compact ([`super::codec`]), or JSON
+/// as earlier builds stored it. `key` is where it is stored.
 pub(super) fn decode(key: &[u8], value: &[u8], strings: &Strings) -> Result<Entry, StoreError> {
     let seq = key_seq(key);
     let corrupt = |message: String| StoreError::Corrupt { seq, message };

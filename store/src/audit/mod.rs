@@ -42,8 +42,8 @@ use crate::StoreError;
 use crate::checkpoint::{AuditSigner, Checkpoint};
 use crate::journal::Journal;
 use codec::{Interner, Strings};
+use entry::key_seq;
 pub use entry::{Decision, Entry, Kind, Record, RequestContext, Status};
-use entry::{decode, key_seq};
 pub use prune::Retain;
 use prune::{Cut, PruneReply, read_prune_marker};
 pub use query::{Filter, LogStats};
@@ -289,8 +289,7 @@ impl AuditLog {
         };
         // A log pruned to nothing continues where its prune marker says.
         let marker = read_prune_marker(&meta)?.and_then(Result::ok);
-        if let Some((key, value)) = tree.last().map_err(StoreError::Sled)? {
-            let entry = decode(&key, &value, &strings)?;
+        if let Some(entry) = entry::last(&tree, &strings)? {
             (writer.seq, writer.head) = (entry.seq, entry.hash);
         } else if let Some(marker) = &marker {
             (writer.seq, writer.head) = (marker.first_seq.saturating_sub(1), marker.prev.clone());

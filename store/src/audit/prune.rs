@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
 use super::codec::Strings;
-use super::entry::{decode, key_seq};
+use super::entry::{decode, find, holding, key_seq, unpack};
 use super::query::at_or_after;
 use super::writer::Writer;
 use super::{AuditLog, Job, PRUNE_KEY};
@@ -29,7 +29,9 @@ pub enum Retain {
     /// Keep entries started at or after this time (and everything after
     /// the first of them: the log is pruned from its start only).
     Since(jiff::Timestamp),
-    /// Keep at most this many of the newest entries.
+    /// Keep this many of the newest entries, and the rest of the group
+    /// commit the oldest of them was written in (a group's entries share
+    /// one value in sled, and go together).
     Newest(u64),
 }
 
@@ -143,11 +145,13 @@ pub(super) fn last_started_before(
     let mut last = None;
     for item in tree.range(first_seq.to_be_bytes()..) {
         let (key, value) = item.map_err(StoreError::Sled)?;
-        let entry = decode(&key, &value, strings)?;
-        if at_or_after(&entry.record.started_at, before) {
-            break;
+        for (at, bytes) in unpack(&key, &value)? {
+            let entry = decode(&at.to_be_bytes(), bytes, strings)?;
+            if at_or_after(&entry.record.started_at, before) {
+                return Ok(last);
+            }
+            last = Some(entry.seq);
         }
-        last = Some(entry.seq);
     }
     Ok(last)
 }
@@ -243,22 +247,28 @@ impl Writer {
         let Some(first_seq) = first_kept(&self.tree, &self.meta)? else {
             return Ok(None);
         };
-        let last_removed_seq = match cut {
+        let mut last_removed_seq = match cut {
             Cut::Newest(keep) => self.seq.saturating_sub(keep),
             Cut::Through(seq) => seq,
         };
+        // A group commit's entries share one value: the log is cut between
+        // values, so a group the cut falls in is kept whole.
+        if let Some((key, value)) = holding(&self.tree, last_removed_seq)?
+            && unpack(&key, &value)?
+                .last()
+                .is_some_and(|(at, _)| *at > last_removed_seq)
+        {
+            last_removed_seq = key_seq(&key).saturating_sub(1);
+        }
         if last_removed_seq < first_seq {
             return Ok(None);
         }
         let count = last_removed_seq - first_seq + 1;
-        let last = match self.tree.get(last_removed_seq.to_be_bytes()).map_err(io)? {
-            Some(value) => decode(&last_removed_seq.to_be_bytes(), &value, &self.strings)?,
-            None => {
-                return Err(StoreError::Corrupt {
-                    seq: last_removed_seq,
-                    message: "missing".into(),
-                });
-            }
+        let Some(last) = find(&self.tree, last_removed_seq, &self.strings)? else {
+            return Err(StoreError::Corrupt {
+                seq: last_removed_seq,
+                message: "missing".into(),
+            });
         };
         // The marker first: after a crash between the two steps, verify
         // skips the leftovers below it.

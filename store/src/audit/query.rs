@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::entry::{Decision, Entry, Status, decode, entry_json, key_seq};
+use super::entry::{Decision, Entry, Status, decode, entry_json, find, holding, key_seq, unpack};
 use super::{AuditLog, EXPORT_FORMAT};
 use crate::StoreError;
 
@@ -20,14 +20,7 @@ pub struct LogStats {
 
 impl AuditLog {
     pub fn get(&self, seq: u64) -> Result<Option<Entry>, StoreError> {
-        match self
-            .entries()
-            .get(seq.to_be_bytes())
-            .map_err(StoreError::Sled)?
-        {
-            Some(value) => decode(&seq.to_be_bytes(), &value, &self.strings).map(Some),
-            None => Ok(None),
-        }
+        find(self.entries(), seq, &self.strings)
     }
 
     /// Entries matching `filter`, newest first, at most `filter.limit`.
@@ -36,18 +29,20 @@ impl AuditLog {
         let mut out = Vec::new();
         for item in self.entries().iter().rev() {
             let (key, value) = item.map_err(StoreError::Sled)?;
-            let entry = decode(&key, &value, &self.strings)?;
-            if filter
-                .since
-                .as_ref()
-                .is_some_and(|since| !at_or_after(&entry.record.started_at, since))
-            {
-                break; // newest first: everything further is older
-            }
-            if filter.matches(&entry, matcher.as_ref()) {
-                out.push(entry);
-                if out.len() >= filter.limit {
-                    break;
+            for (at, bytes) in unpack(&key, &value)?.into_iter().rev() {
+                let entry = decode(&at.to_be_bytes(), bytes, &self.strings)?;
+                if filter
+                    .since
+                    .as_ref()
+                    .is_some_and(|since| !at_or_after(&entry.record.started_at, since))
+                {
+                    return Ok(out); // newest first: everything further is older
+                }
+                if filter.matches(&entry, matcher.as_ref()) {
+                    out.push(entry);
+                    if out.len() >= filter.limit {
+                        return Ok(out);
+                    }
                 }
             }
         }
@@ -56,10 +51,20 @@ impl AuditLog {
 
     /// Entries after `seq`, oldest first (for `audit tail -f`).
     pub fn after(&self, seq: u64, limit: usize) -> Result<Vec<Entry>, StoreError> {
+        let tree = self.entries();
+        let next = seq.saturating_add(1);
+        let from = holding(tree, next)?.map_or(next, |(key, _)| key_seq(&key));
         let mut out = Vec::new();
-        for item in self.entries().range((seq + 1).to_be_bytes()..).take(limit) {
+        for item in tree.range(from.to_be_bytes()..) {
             let (key, value) = item.map_err(StoreError::Sled)?;
-            out.push(decode(&key, &value, &self.strings)?);
+            for (at, bytes) in unpack(&key, &value)? {
+                if out.len() >= limit {
+                    return Ok(out);
+                }
+                if at > seq {
+                    out.push(decode(&at.to_be_bytes(), bytes, &self.strings)?);
+                }
+            }
         }
         Ok(out)
     }
@@ -70,7 +75,10 @@ impl AuditLog {
         let io = StoreError::Sled;
         let entries = self.entries();
         let first_seq = entries.first().map_err(io)?.map(|(k, _)| key_seq(&k));
-        let last_seq = entries.last().map_err(io)?.map(|(k, _)| key_seq(&k));
+        let last_seq = match entries.last().map_err(io)? {
+            Some((key, value)) => unpack(&key, &value)?.last().map(|(at, _)| *at),
+            None => None,
+        };
         let size_on_disk = self.db.size_on_disk().map_err(io)?;
         Ok(match (first_seq, last_seq) {
             (Some(first_seq), Some(last_seq)) => LogStats {
@@ -121,39 +129,40 @@ impl AuditLog {
         let head = self.head_checkpoint()?;
         let mut checkpoints = self.checkpoints.iter().peekable();
         let mut count = 0;
-        for item in self.entries().iter() {
-            let (k, value) = item.map_err(StoreError::Sled)?;
-            let seq = key_seq(&k);
-            if head.as_ref().is_some_and(|head| seq > head.seq) {
-                break;
-            }
-            // The JSON its hash is over, with the hash: an entry stored as
-            // JSON verbatim (and always a single line).
-            let json = entry_json(&k, &value, &self.strings)?;
-            if serde_json::from_slice::<&serde_json::value::RawValue>(&json).is_err() {
-                return Err(StoreError::Corrupt {
-                    seq,
-                    message: "not a JSON value".into(),
-                });
-            }
-            out.write_all(br#"{"type":"entry","entry":"#)
-                .and_then(|()| out.write_all(&json))
-                .and_then(|()| out.write_all(b"}\n"))
-                .map_err(io)?;
-            count += 1;
-            while let Some(Ok((ck, _))) = checkpoints.peek() {
-                if key_seq(ck) > seq {
-                    break;
+        'entries: for item in self.entries().iter() {
+            let (key, value) = item.map_err(StoreError::Sled)?;
+            for (seq, bytes) in unpack(&key, &value)? {
+                if head.as_ref().is_some_and(|head| seq > head.seq) {
+                    break 'entries;
                 }
-                if let Some(Ok((_, cv))) = checkpoints.next() {
-                    let checkpoint: serde_json::Value =
-                        serde_json::from_slice(&cv).unwrap_or_default();
-                    writeln!(
-                        out,
-                        "{}",
-                        serde_json::json!({"type": "checkpoint", "checkpoint": checkpoint})
-                    )
+                // The JSON its hash is over, with the hash: an entry stored
+                // as JSON verbatim (and always a single line).
+                let json = entry_json(&seq.to_be_bytes(), bytes, &self.strings)?;
+                if serde_json::from_slice::<&serde_json::value::RawValue>(&json).is_err() {
+                    return Err(StoreError::Corrupt {
+                        seq,
+                        message: "not a JSON value".into(),
+                    });
+                }
+                out.write_all(br#"{"type":"entry","entry":"#)
+                    .and_then(|()| out.write_all(&json))
+                    .and_then(|()| out.write_all(b"}\n"))
                     .map_err(io)?;
+                count += 1;
+                while let Some(Ok((ck, _))) = checkpoints.peek() {
+                    if key_seq(ck) > seq {
+                        break;
+                    }
+                    if let Some(Ok((_, cv))) = checkpoints.next() {
+                        let checkpoint: serde_json::Value =
+                            serde_json::from_slice(&cv).unwrap_or_default();
+                        writeln!(
+                            out,
+                            "{}",
+                            serde_json::json!({"type": "checkpoint", "checkpoint": checkpoint})
+                        )
+                        .map_err(io)?;
+                    }
                 }
             }
         }

@@ -3,7 +3,7 @@
 
 use super::Intent;
 use super::codec;
-use super::entry::{Entry, decode, entry_hash};
+use super::entry::{Entry, entry_hash, find};
 use super::writer::Writer;
 use crate::StoreError;
 
@@ -33,9 +33,8 @@ impl Writer {
             if entry.seq <= self.seq {
                 // sled kept it (it must be the same), lost it while keeping
                 // later ones (put it back), or it was pruned since (skip).
-                let key = entry.seq.to_be_bytes();
-                match self.tree.get(key).map_err(io)? {
-                    Some(stored) if decode(&key, &stored, &self.strings)?.hash != entry.hash => {
+                match find(&self.tree, entry.seq, &self.strings)? {
+                    Some(stored) if stored.hash != entry.hash => {
                         return Err(StoreError::Corrupt {
                             seq: entry.seq,
                             message: "the journal and the log hold different entries".into(),

@@ -15,7 +15,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::entry::{Entry, entry_hash, entry_json, key_seq};
+use super::entry::{Entry, entry_hash, entry_json, key_seq, unpack};
 use super::{AuditLog, GENESIS};
 use crate::StoreError;
 use crate::checkpoint::{Checkpoint, PruneMarker};
@@ -47,34 +47,45 @@ impl AuditLog {
         let head = self.head_checkpoint()?;
         let mut checkpoints = self.checkpoints.iter().peekable();
         for item in self.entries().iter() {
-            let (k, value) = item.map_err(StoreError::Sled)?;
-            let seq = key_seq(&k);
-            let verified = match entry_json(&k, &value, &self.strings) {
-                Ok(json) => verifier.entry(seq, &json),
-                Err(e) => verifier.fail(VerifyError::Unreadable {
-                    seq,
-                    message: e.to_string(),
-                }),
-            };
-            if !verified {
-                return Ok(verifier.finish());
-            }
-            while let Some(Ok((ck, _))) = checkpoints.peek() {
-                if key_seq(ck) > verifier.report.last_seq {
-                    break;
-                }
-                let Some((ck, cv)) = checkpoints.next().transpose()? else {
-                    break;
-                };
-                let checkpoint = serde_json::from_slice(&cv);
-                if !verifier.checkpoint(key_seq(&ck), checkpoint) {
+            let (key, value) = item.map_err(StoreError::Sled)?;
+            let stored = match unpack(&key, &value) {
+                Ok(stored) => stored,
+                Err(e) => {
+                    verifier.fail(VerifyError::Unreadable {
+                        seq: key_seq(&key),
+                        message: e.to_string(),
+                    });
                     return Ok(verifier.finish());
                 }
-            }
-            if let Some(head) = head.as_ref().filter(|head| head.seq == seq)
-                && !verifier.checkpoint(seq, Ok(head.clone()))
-            {
-                return Ok(verifier.finish());
+            };
+            for (seq, bytes) in stored {
+                let verified = match entry_json(&seq.to_be_bytes(), bytes, &self.strings) {
+                    Ok(json) => verifier.entry(seq, &json),
+                    Err(e) => verifier.fail(VerifyError::Unreadable {
+                        seq,
+                        message: e.to_string(),
+                    }),
+                };
+                if !verified {
+                    return Ok(verifier.finish());
+                }
+                while let Some(Ok((ck, _))) = checkpoints.peek() {
+                    if key_seq(ck) > verifier.report.last_seq {
+                        break;
+                    }
+                    let Some((ck, cv)) = checkpoints.next().transpose()? else {
+                        break;
+                    };
+                    let checkpoint = serde_json::from_slice(&cv);
+                    if !verifier.checkpoint(key_seq(&ck), checkpoint) {
+                        return Ok(verifier.finish());
+                    }
+                }
+                if let Some(head) = head.as_ref().filter(|head| head.seq == seq)
+                    && !verifier.checkpoint(seq, Ok(head.clone()))
+                {
+                    return Ok(verifier.finish());
+                }
             }
         }
         if let Some(Ok((ck, _))) = checkpoints.peek() {

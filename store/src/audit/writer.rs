@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use tokio::sync::watch;
 
 use super::codec::{self, Interner, NewString, Strings};
-use super::entry::{Kind, Record, Status, decode, key_seq, stored_entry};
+use super::entry::{Kind, Record, Status, find, key_seq, stored_entry};
 use super::{
     CHECKPOINT_EVERY, CHECKPOINT_INTERVAL, CommitCounters, Durability, HEAD_CHECKPOINT_KEY, Health,
     Intent, JOURNAL_LIMIT, Job, MAX_BATCH, RETRY_INTERVAL, Stored,
@@ -18,10 +18,11 @@ use crate::StoreError;
 use crate::checkpoint::AuditSigner;
 use crate::journal::{self, Journal};
 
-/// A committed entry on its way into sled, with the strings it is the
-/// first to name (sled must hold them first) and what it does to the open
-/// intents.
-type Indexed = (Stored, Vec<NewString>, Option<Intent>);
+/// A committed group on its way into sled (one value, under its first
+/// entry's sequence number), with the strings it is the first to name
+/// (sled must hold them first) and what its entries do to the open
+/// intents, in order.
+type Indexed = (Stored, Vec<NewString>, Vec<Intent>);
 
 /// The single writer: sequence numbers and the chain head live here only.
 pub(super) struct Writer {
@@ -285,26 +286,26 @@ impl Writer {
                 .collect();
             return (failed, Vec::new());
         }
-        let (mut seq, mut head) = (self.seq, self.head.clone());
+        let (first, mut seq, mut head) = (self.seq + 1, self.seq, self.head.clone());
         let strings_before = self.interner.len();
         let mut frames = Vec::new();
-        let mut values = Vec::with_capacity(records.len());
+        let (mut compact, mut new, mut intents) = (Vec::new(), Vec::new(), Vec::new());
         for record in &records {
             seq += 1;
             let (hash, json) = stored_entry(seq, &head, record);
             journal::frame(&json, &mut frames);
-            let mut new = Vec::new();
-            let compact = codec::encode(
+            compact.push(codec::encode(
                 seq,
                 &head,
                 &hash,
                 record,
                 Some(&mut self.interner),
                 &mut new,
-            );
-            values.push(((seq, compact), new, Intent::of(seq, record)));
+            ));
+            intents.extend(Intent::of(seq, record));
             head = hash;
         }
+        let values = vec![((first, codec::group(compact)), new, intents)];
         let durable = self
             .journal
             .write(&frames)
@@ -347,11 +348,12 @@ impl Writer {
     }
 
     /// Puts a committed group into sled, which writes it out later
-    /// (settle). One insert each, not a sled batch: in sled 0.34 every
-    /// batch writes out sled's log buffer at once, which is the IO the
-    /// journal avoids (the journal, not sled, makes a group atomic). If
-    /// sled fails, the entries are safe in the journal (the next start puts
-    /// them back) and the writer stops, as after a failed commit.
+    /// (settle): its new strings, its entries in one value, its intents.
+    /// Inserts, not a sled batch: in sled 0.34 every batch writes out
+    /// sled's log buffer at once, which is the IO the journal avoids (the
+    /// journal, not sled, makes a group atomic). If sled fails, the entries
+    /// are safe in the journal (the next start puts them back) and the
+    /// writer stops, as after a failed commit.
     pub(super) fn index(&mut self, values: Vec<Indexed>) {
         self.unindexed.extend(values);
         if let Err(e) = self.index_pending() {
@@ -360,13 +362,17 @@ impl Writer {
     }
 
     /// Puts what [`Self::unindexed`] holds into sled, in order, each
-    /// entry's new strings before it.
+    /// group's new strings before it.
     fn index_pending(&mut self) -> Result<(), String> {
-        while let Some(((seq, value), new, intent)) = self.unindexed.front() {
+        while let Some(((seq, value), new, intents)) = self.unindexed.front() {
             let seq = *seq;
             self.insert_strings(new)
                 .and_then(|()| self.tree.insert(seq.to_be_bytes(), value.as_slice()))
-                .and_then(|_| self.apply(*intent))
+                .and_then(|_| {
+                    intents
+                        .iter()
+                        .try_for_each(|intent| self.apply(Some(*intent)))
+                })
                 .map_err(|e| format!("inserting entry {seq} into sled: {e}"))?;
             self.unindexed.pop_front();
         }
@@ -399,12 +405,12 @@ impl Writer {
         for item in self.open_intents.iter() {
             let (key, _) = item.map_err(StoreError::Sled)?;
             let seq = key_seq(&key);
-            let Some(stored) = self.tree.get(&key).map_err(StoreError::Sled)? else {
+            let Some(entry) = find(&self.tree, seq, &self.strings)? else {
                 // Pruned since: nothing left to complete.
                 self.open_intents.remove(&key).map_err(StoreError::Sled)?;
                 continue;
             };
-            let mut record = decode(&key, &stored, &self.strings)?.record;
+            let mut record = entry.record;
             record.kind = Kind::Request;
             record.completed_at = Some(now.clone());
             record.status = Some(Status::Interrupted);
