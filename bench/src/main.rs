@@ -14,6 +14,7 @@ use clap::Parser;
 
 mod gateway;
 mod jsonrpc;
+mod mcp;
 mod measure;
 mod report;
 mod rows;
@@ -96,6 +97,8 @@ enum Part {
     /// ya-environment-protocol.v1 over stdio and a Unix socket beside
     /// relay.v1 dialed in.
     Envproto,
+    /// `portcullis mcp` (MCP over stdio) beside relay.v1 dialed in.
+    Mcp,
 }
 
 impl Args {
@@ -214,6 +217,9 @@ async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
     }
     if args.wants(Part::Python) {
         rows::python(args, &gateway, work, &mut results).await?;
+    }
+    if args.wants(Part::Mcp) {
+        rows::mcp(args, &gateway, work, &mut results).await?;
     }
     rows::audit_size(gateway, &mut results).await?;
     if args.wants(Part::Dial) {
