@@ -24,6 +24,46 @@ use crate::journal::{self, Journal};
 /// intents, in order.
 type Indexed = (Stored, Vec<NewString>, Vec<Intent>);
 
+/// A group's entries per sled value, at most this many bytes (unless one
+/// entry is larger): far below the size at which sled 0.34 keeps a leaf in
+/// a file of its own (a quarter of its 512 KiB segment).
+const MAX_VALUE: usize = 32 * 1024;
+
+/// A committed group's entries (compact, each with what it does to the
+/// open intents) as the values sled is to hold, in order; the group's new
+/// strings go with the first.
+fn values_of(
+    first: u64,
+    entries: Vec<(Vec<u8>, Option<Intent>)>,
+    new: Vec<NewString>,
+) -> Vec<Indexed> {
+    let mut values: Vec<Indexed> = Vec::new();
+    let (mut new, mut at, mut size) = (new, first, 0);
+    let (mut compact, mut intents) = (Vec::new(), Vec::new());
+    let mut entries = entries.into_iter().peekable();
+    // An entry and its length (a varint of at most three bytes below 2 MiB).
+    let framed = |entry: &Vec<u8>| entry.len() + 3;
+    while let Some((entry, intent)) = entries.next() {
+        size += framed(&entry);
+        compact.push(entry);
+        intents.extend(intent);
+        let full = entries
+            .peek()
+            .is_none_or(|(next, _)| size + framed(next) > MAX_VALUE);
+        if full {
+            let count = compact.len() as u64;
+            let value = codec::group(std::mem::take(&mut compact));
+            values.push((
+                (at, value),
+                std::mem::take(&mut new),
+                std::mem::take(&mut intents),
+            ));
+            (at, size) = (at + count, 0);
+        }
+    }
+    values
+}
+
 /// The single writer: sequence numbers and the chain head live here only.
 pub(super) struct Writer {
     pub(super) db: sled::Db,
@@ -289,23 +329,23 @@ impl Writer {
         let (first, mut seq, mut head) = (self.seq + 1, self.seq, self.head.clone());
         let strings_before = self.interner.len();
         let mut frames = Vec::new();
-        let (mut compact, mut new, mut intents) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut entries, mut new) = (Vec::with_capacity(records.len()), Vec::new());
         for record in &records {
             seq += 1;
             let (hash, json) = stored_entry(seq, &head, record);
             journal::frame(&json, &mut frames);
-            compact.push(codec::encode(
+            let compact = codec::encode(
                 seq,
                 &head,
                 &hash,
                 record,
                 Some(&mut self.interner),
                 &mut new,
-            ));
-            intents.extend(Intent::of(seq, record));
+            );
+            entries.push((compact, Intent::of(seq, record)));
             head = hash;
         }
-        let values = vec![((first, codec::group(compact)), new, intents)];
+        let values = values_of(first, entries, new);
         let durable = self
             .journal
             .write(&frames)
@@ -437,5 +477,43 @@ impl Writer {
             self.settle()?;
         }
         Ok(count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A large group goes into sled as values of bounded size, numbered on
+    /// from its first entry, its new strings with the first value and each
+    /// entry's intent with the value that holds it.
+    #[test]
+    fn a_large_group_is_split_into_bounded_values() {
+        let entries: Vec<_> = (0..1000u64)
+            .map(|i| {
+                (
+                    vec![codec::COMPACT_V1; 100],
+                    (i == 700).then_some(Intent::Opened(707)),
+                )
+            })
+            .collect();
+        let values = values_of(7, entries, vec![(3, "x".into())]);
+        let mut at = 7;
+        for (i, ((key, value), new, intents)) in values.iter().enumerate() {
+            assert_eq!(*key, at);
+            assert!(value.len() <= MAX_VALUE, "{} bytes", value.len());
+            assert_eq!(new.len(), usize::from(i == 0));
+            let held = codec::members(value).unwrap().len() as u64;
+            assert_eq!(!intents.is_empty(), (at..at + held).contains(&707));
+            at += held;
+        }
+        assert_eq!(at, 1007);
+        assert_eq!(values.len(), 4, "32 KiB values of 100-byte entries");
+        let one = values_of(1, vec![(vec![codec::COMPACT_V1; 10], None)], Vec::new());
+        assert_eq!(
+            one[0].0.1,
+            vec![codec::COMPACT_V1; 10],
+            "alone, an entry is its value"
+        );
     }
 }
