@@ -115,12 +115,8 @@ impl JsonRpc {
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
             .await?;
         loop {
-            let message = self.recv().await?;
-            if message["id"] == id && message.get("method").is_none() {
-                return match message.get("error") {
-                    Some(error) => Err(format!("{method}: {error}")),
-                    None => Ok(message["result"].clone()),
-                };
+            if let Some(answer) = answer_to(&self.recv().await?, id, method) {
+                return answer;
             }
         }
     }
@@ -133,4 +129,17 @@ impl JsonRpc {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await;
         }
     }
+}
+
+/// `message` as the answer to request `id` (`method`): its result, or its
+/// error; None when it is something else (a notification, a request, an
+/// answer to another id).
+pub fn answer_to(message: &Value, id: u64, method: &str) -> Option<Result<Value, String>> {
+    if message["id"] != id || message.get("method").is_some() {
+        return None;
+    }
+    Some(match message.get("error") {
+        Some(error) => Err(format!("{method}: {error}")),
+        None => Ok(message["result"].clone()),
+    })
 }

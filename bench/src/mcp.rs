@@ -81,11 +81,8 @@ impl Mcp {
             }
             let message: Value =
                 serde_json::from_str(&line).map_err(|e| format!("not JSON: {e}: {line}"))?;
-            if message["id"] == id && message.get("method").is_none() {
-                return match message.get("error") {
-                    Some(error) => Err(format!("{method}: {error}")),
-                    None => Ok(message["result"].clone()),
-                };
+            if let Some(answer) = crate::jsonrpc::answer_to(&message, id, method) {
+                return answer;
             }
         }
     }
