@@ -1,7 +1,7 @@
 //! A portcullis gateway for the benchmarks: the release binary beside this
 //! one, on 127.0.0.1, with a bench policy (one principal; a read-write
-//! root; `/bin/true` under the default sandbox, network denied) and limits
-//! raised for 10,000 sessions.
+//! root; `/bin/true` and `/bin/sh` under the default sandbox, network
+//! denied) and limits raised for 10,000 sessions.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -73,9 +73,11 @@ resources = {{}}
 fileops = {{ work = "rw" }}
 
 [grant.shell]
-commands = ["/bin/true"]
+commands = ["/bin/true", "/bin/sh"]
 cwd_roots = ["work"]
 max_processes = 512
+# The output part's command prints up to a GiB.
+output_limit = "4 GiB"
 "#,
             client = identity.public().to_base64(),
             root = root.display(),

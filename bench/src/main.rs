@@ -99,6 +99,9 @@ enum Part {
     Envproto,
     /// `portcullis mcp` (MCP over stdio) beside relay.v1 dialed in.
     Mcp,
+    /// A command printing a GiB: its output as binary chunks and as
+    /// `stream` frames.
+    Output,
 }
 
 impl Args {
@@ -220,6 +223,9 @@ async fn run(args: &Args, work: &std::path::Path) -> Result<(), String> {
     }
     if args.wants(Part::Mcp) {
         rows::mcp(args, &gateway, work, &mut results).await?;
+    }
+    if args.wants(Part::Output) {
+        rows::output(args, &gateway, &mut results).await?;
     }
     rows::audit_size(gateway, &mut results).await?;
     if args.wants(Part::Dial) {

@@ -1235,6 +1235,121 @@ pub async fn mcp(
     Ok(())
 }
 
+/// A command printing `--bulk-mib` MiB (`yes … | head -c`, through
+/// `shell.start`) on a session that takes output as binary chunks (the
+/// client library's choice) and on one that takes the relay spec's
+/// `stream` frames: MB/s of output received, and how much of it arrived
+/// (the command never waits for a reader: one slower than it loses what
+/// falls out of the gateway's 1 MiB ring). Beside them, the command alone
+/// here, into `/dev/null`.
+pub async fn output(args: &Args, gateway: &Gateway, results: &mut Results) -> Result<(), String> {
+    use portcullis_client::{Client, ClientOptions, StreamItem};
+    let size = args.bulk_mib * 1024 * 1024;
+    let script = format!("yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c {size}");
+    let chunks = gateway.session().await.map_err(|e| e.to_string())?;
+    let frames = Client::connect(ClientOptions::new(
+        &gateway.url,
+        gateway.key,
+        gateway.identity.clone(),
+    ))
+    .await
+    .map_err(|e| e.to_string())?;
+    let offered = frames.offered();
+    let names: Vec<&str> = offered.iter().map(String::as_str).collect();
+    frames
+        .accept_output(&names, "frames")
+        .await
+        .map_err(|e| e.to_string())?;
+    let params = json!({"command": ["/bin/sh", "-c", &script], "root_id": "work"});
+    // [chunks, frames, the command alone] MB/s; [chunks, frames] % received.
+    let (mut rate, mut received): ([Spread; 3], [Spread; 2]) = Default::default();
+    let mb_per_s = |bytes: u64, took: Duration| bytes as f64 / took.as_secs_f64() / 1e6;
+    for round in 0..args.rounds {
+        eprintln!("output of {} MiB, round {}", args.bulk_mib, round + 1);
+        for (i, client) in [&chunks, &frames].into_iter().enumerate() {
+            let started = Instant::now();
+            let mut handle = client
+                .start("shell.start", params.clone())
+                .await
+                .map_err(|e| format!("shell.start: {e}"))?;
+            let mut bytes = 0u64;
+            while let Some(item) = handle.next().await {
+                bytes += match item {
+                    StreamItem::Chunk { data, .. } => data.len() as u64,
+                    StreamItem::Stream { event, data } if event == "stdout" => {
+                        data.as_str().map_or(0, str::len) as u64
+                    }
+                    StreamItem::Stream { .. } => 0,
+                };
+            }
+            let result = handle
+                .response()
+                .await
+                .map_err(|e| format!("shell.start: {e}"))?;
+            let took = started.elapsed();
+            if result["stdout_bytes"].as_u64() != Some(size) {
+                return Err(format!(
+                    "the command printed {} bytes",
+                    result["stdout_bytes"]
+                ));
+            }
+            rate[i].push(mb_per_s(bytes, took));
+            received[i].push(bytes as f64 * 100.0 / size as f64);
+        }
+        let started = Instant::now();
+        let status = Command::new("/bin/sh")
+            .args(["-c", &format!("{script} > /dev/null")])
+            .status()
+            .map_err(|e| format!("sh: {e}"))?;
+        if !status.success() {
+            return Err(format!("the command alone: {status}"));
+        }
+        rate[2].push(mb_per_s(size, started.elapsed()));
+    }
+    let note =
+        "compared column: the same command on a session that takes `stream` frames (not OpenSSH)";
+    let [chunks_rate, frames_rate, alone] = rate;
+    let [chunks_received, frames_received] = received;
+    for (what, unit, ours, theirs, decimals) in [
+        ("output received", "MB/s", chunks_rate, frames_rate, 0),
+        (
+            "of the output received",
+            "%",
+            chunks_received,
+            frames_received,
+            1,
+        ),
+    ] {
+        let mut row = Row::new(
+            "Command output",
+            format!(
+                "a command printing {} MiB (shell.start): {what}, binary chunks (frames beside)",
+                args.bulk_mib
+            ),
+            unit,
+            ours,
+            theirs,
+            Better::Higher,
+            decimals,
+        );
+        row.note = note.into();
+        results.rows.push(row);
+    }
+    results.rows.push(Row::new(
+        "Command output",
+        format!(
+            "physical limit: the same command here, into /dev/null ({} MiB)",
+            args.bulk_mib
+        ),
+        "MB/s",
+        alone,
+        Spread::default(),
+        Better::Higher,
+        0,
+    ));
+    Ok(())
+}
+
 /// Disk per audit entry: every entry this run's gateway logged, over the
 /// size of its state directory (sled's trees and the journal, in blocks
 /// allocated) once it has stopped and written everything out. Reported

@@ -12,10 +12,11 @@
 //! earlier builds (they begin with `{`) are read and verified as they are.
 //!
 //! A value of sled's is one entry, or a group commit's entries
-//! ([`GROUP_V1`]). An entry's layout: [`COMPACT_V1`], the sequence number, a varint whose bits say which optional fields
-//! follow ([`Field`]), the kind, `started_at`, the present fields in
-//! [`Field`] order, `bytes_in`, `bytes_out`, `prev`, `hash`. A text is a
-//! varint header whose low three bits say how it is kept ([`Text`]).
+//! ([`GROUP_V1`]). An entry's layout: [`COMPACT_V1`], the sequence number,
+//! a varint whose bits say which optional fields follow ([`Field`]), the
+//! kind, `started_at`, the present fields in [`Field`] order, `bytes_in`,
+//! `bytes_out`, `prev`, `hash`. A text is a varint header whose low three
+//! bits say how it is kept ([`Text`]).
 //!
 //! Everything read here came from disk and is checked as it is read: a
 //! damaged or forged value is an error, never a panic or a huge
