@@ -27,6 +27,8 @@ pub(crate) const MAX_FRAME: usize = 16 * 1024 * 1024;
 
 pub(crate) struct Journal {
     file: File,
+    #[cfg(test)]
+    path: std::path::PathBuf,
     /// Bytes written.
     len: u64,
     /// Bytes written before the last acknowledged group ended (synced, or
@@ -65,6 +67,8 @@ impl Journal {
         }
         let journal = Self {
             file,
+            #[cfg(test)]
+            path: path.to_path_buf(),
             len: valid as u64,
             acknowledged: valid as u64,
         };
@@ -73,6 +77,10 @@ impl Journal {
 
     /// Appends `frames` (built with [`frame`]) in one write; not yet acknowledged.
     pub fn write(&mut self, frames: &[u8]) -> std::io::Result<()> {
+        #[cfg(test)]
+        if fault::take(&self.path) {
+            return Err(std::io::Error::other("a write failure a test asked for"));
+        }
         self.file.write_all(frames)?;
         self.len += frames.len() as u64;
         Ok(())
@@ -119,6 +127,28 @@ impl Journal {
 
     pub fn len(&self) -> u64 {
         self.len
+    }
+}
+
+/// Failures tests ask for: the next write to a journal fails.
+#[cfg(test)]
+pub(crate) mod fault {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    static FAIL_NEXT_WRITE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+    /// The next write to the journal at `path` fails.
+    pub(crate) fn fail_next_write(path: &Path) {
+        let mut paths = FAIL_NEXT_WRITE.lock().unwrap_or_else(|e| e.into_inner());
+        paths.push(path.to_path_buf());
+    }
+
+    /// Whether a write to the journal at `path` is to fail (once).
+    pub(super) fn take(path: &Path) -> bool {
+        let mut paths = FAIL_NEXT_WRITE.lock().unwrap_or_else(|e| e.into_inner());
+        let found = paths.iter().position(|p| p == path);
+        found.map(|at| paths.remove(at)).is_some()
     }
 }
 

@@ -323,9 +323,9 @@ pub(super) fn encode(
     out.varint(seq);
     out.varint(bits);
     out.bytes.push(kind_byte(*kind));
-    out.time(started_at);
+    let start = out.time(started_at);
     if let Some(completed_at) = completed_at {
-        out.time_after(completed_at, started_at);
+        out.time_after(completed_at, start);
     }
     if let Some(connection) = connection {
         out.varint(*connection);
@@ -474,24 +474,31 @@ impl Encoder<'_> {
         self.bytes.extend_from_slice(text.as_bytes());
     }
 
-    /// A timestamp, short when it reads back as the same text.
-    fn time(&mut self, text: &str) {
-        match nanos_if_canonical(text) {
+    /// A timestamp, short when it reads back as the same text; its
+    /// nanoseconds then, for [`time_after`](Self::time_after).
+    fn time(&mut self, text: &str) -> Option<i64> {
+        let nanos = nanos_if_canonical(text);
+        match nanos {
             Some(nanos) => {
                 self.header(Text::Time, 0);
                 self.varint(zigzag(nanos));
             }
             None => self.text(text, Keep::Plain),
         }
+        nanos
     }
 
-    fn time_after(&mut self, text: &str, start: &str) {
-        match (nanos_if_canonical(text), nanos_if_canonical(start)) {
+    /// A timestamp after `start` (what [`time`](Self::time) returned for
+    /// it): an offset from it when both read back as the same text.
+    fn time_after(&mut self, text: &str, start: Option<i64>) {
+        match (nanos_if_canonical(text), start) {
             (Some(at), Some(start)) => {
                 self.header(Text::TimeAfterStart, 0);
                 self.varint(zigzag(at.wrapping_sub(start)));
             }
-            _ => self.time(text),
+            _ => {
+                self.time(text);
+            }
         }
     }
 }

@@ -1259,3 +1259,45 @@ fn a_log_of_json_entries_continues_compact() {
     assert_eq!((report.entries, report.error), (4, None));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A group whose journal write fails is not in the log, and neither are
+/// the strings it interned: once the log resumes, an entry naming the
+/// same new string stores it afresh, and reads back and verifies, also
+/// after the store is reopened.
+#[test]
+fn a_failed_group_leaves_no_string_behind() {
+    let (store, log, dir) = log_with("failed-group", 2);
+    let carol = Record {
+        principal: Some("carol".into()),
+        method: Some("file.stat.carol".into()),
+        ..record(3)
+    };
+    journal::fault::fail_next_write(&dir.join(JOURNAL));
+    assert!(matches!(
+        log.append_blocking(carol.clone()),
+        Err(StoreError::Failed { .. })
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while log.stopped().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log never resumed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let seq = log.append_blocking(carol).unwrap();
+    let resumed = log.get(seq - 1).unwrap().unwrap();
+    assert_eq!(resumed.record.event.as_deref(), Some("audit_resumed"));
+    let read = |log: &AuditLog| {
+        let entry = log.get(seq).unwrap().unwrap();
+        let report = log.verify(None).unwrap();
+        assert_eq!((report.entries, report.error), (seq, None));
+        (entry.record.principal, entry.record.method)
+    };
+    let expected = (Some("carol".into()), Some("file.stat.carol".into()));
+    assert_eq!(read(&log), expected);
+    drop((log, store));
+    let store = reopen(&dir);
+    assert_eq!(read(&store.audit(None).unwrap()), expected);
+    let _ = std::fs::remove_dir_all(dir);
+}
