@@ -535,19 +535,22 @@ fn strip_position(e: &serde_json::Error) -> String {
 /// serde never recurses on hostile input. Brackets inside strings do not
 /// count; malformed JSON is left for serde to describe.
 fn check_depth(json: &[u8]) -> Result<(), FrameError> {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for &byte in json {
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let (mut depth, mut at) = (0usize, 0);
+    while let Some(&byte) = json.get(at) {
+        at += 1;
         match byte {
-            b'"' => in_string = true,
+            // A string: skip to its closing quote (a large result is
+            // mostly one string, so this is where the time goes).
+            b'"' => loop {
+                match memchr::memchr2(b'"', b'\\', &json[at.min(json.len())..]) {
+                    Some(found) if json[at + found] == b'\\' => at += found + 2,
+                    Some(found) => {
+                        at += found + 1;
+                        break;
+                    }
+                    None => return Ok(()),
+                }
+            },
             b'{' | b'[' => {
                 depth += 1;
                 if depth > MAX_JSON_DEPTH {
@@ -698,6 +701,48 @@ mod tests {
         let shallow_text = json!({"type": "request", "id": "a", "method": "m",
             "params": {"x": "[[[[[[[[[[".repeat(20), "y": "\\\"[[["}});
         assert!(decode(shallow_text).is_ok());
+    }
+
+    /// The pre-check, byte by byte as it was written first: what the
+    /// skipping version must agree with.
+    fn depth_byte_by_byte(json: &[u8]) -> bool {
+        let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+        for &byte in json {
+            if in_string {
+                match byte {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match byte {
+                b'"' => in_string = true,
+                b'{' | b'[' => {
+                    depth += 1;
+                    if depth > MAX_JSON_DEPTH {
+                        return false;
+                    }
+                }
+                b'}' | b']' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        true
+    }
+
+    proptest::proptest! {
+        /// Any bytes of the characters that matter (quotes, escapes,
+        /// brackets), in any order: the same verdict as byte by byte.
+        #[test]
+        fn the_depth_check_skips_strings_as_a_byte_walk_would(
+            json in proptest::collection::vec(
+                // Opening brackets likelier, so both verdicts come up.
+                proptest::sample::select(b"\"\\{{[[]}ax".to_vec()), 0..400)
+        ) {
+            proptest::prop_assert_eq!(check_depth(&json).is_ok(), depth_byte_by_byte(&json));
+        }
     }
 
     #[test]

@@ -176,29 +176,91 @@ pub fn encode_frame(frame: &Frame, out: &mut Vec<u8>) -> Result<(), RecordError>
 /// The records that carry `frame`: one frame record when its JSON fits,
 /// else parts ([`KIND_PART`]). Fails if the JSON is larger than `max`.
 pub fn encode_frame_records(frame: &Frame, max: usize) -> Result<Vec<Vec<u8>>, RecordError> {
-    let mut one = Vec::with_capacity(256);
-    one.push(KIND_FRAME);
-    frame::encode_frame_json(frame, &mut one);
-    if one.len() <= MAX_RECORD_LEN {
-        return Ok(vec![one]);
-    }
-    let json = &one[1..];
-    if json.len() > max {
+    let mut out = RecordsOut {
+        records: vec![Vec::with_capacity(256)],
+        in_parts: false,
+        json_len: 0,
+        // A frame that fits one record goes whatever `max` says.
+        max: max.max(MAX_RECORD_LEN - 1),
+    };
+    out.records[0].push(KIND_FRAME);
+    if serde_json::to_writer(&mut out, frame).is_err() {
+        // Serialising a frame cannot fail otherwise: every map key is a
+        // string and no Serialize impl here returns an error.
         return Err(RecordError::PartsTooLarge { limit: max });
     }
-    let room = MAX_RECORD_LEN - 2;
-    let count = json.len().div_ceil(room);
-    Ok(json
-        .chunks(room)
-        .enumerate()
-        .map(|(i, piece)| {
-            let mut record = Vec::with_capacity(piece.len() + 2);
-            record.push(KIND_PART);
-            record.push(u8::from(i + 1 == count));
-            record.extend_from_slice(piece);
-            record
-        })
-        .collect())
+    if out.in_parts
+        && let Some(last) = out.records.last_mut()
+    {
+        last[1] = 1;
+    }
+    Ok(out.records)
+}
+
+/// Where [`encode_frame_records`] writes a frame's JSON: one frame record
+/// while it fits, then part records filled as the JSON comes, each with
+/// room for the seal's tag. So a large result is copied once, and never
+/// into one buffer that grows to hold it all; a frame past `max` stops
+/// being written there.
+struct RecordsOut {
+    records: Vec<Vec<u8>>,
+    in_parts: bool,
+    json_len: usize,
+    max: usize,
+}
+
+impl RecordsOut {
+    fn push_parts(&mut self, mut json: &[u8]) {
+        while !json.is_empty() {
+            let room = match self.records.last() {
+                Some(last) => MAX_RECORD_LEN - last.len(),
+                None => 0,
+            };
+            if room == 0 {
+                let mut record = Vec::with_capacity(MAX_RECORD_LEN + portcullis_crypto::TAG_LEN);
+                record.extend_from_slice(&[KIND_PART, 0]);
+                self.records.push(record);
+                continue;
+            }
+            let (now, rest) = json.split_at(room.min(json.len()));
+            if let Some(last) = self.records.last_mut() {
+                last.extend_from_slice(now);
+            }
+            json = rest;
+        }
+    }
+}
+
+impl std::io::Write for RecordsOut {
+    fn write(&mut self, json: &[u8]) -> std::io::Result<usize> {
+        self.json_len += json.len();
+        if self.json_len > self.max {
+            return Err(std::io::Error::other("the frame is larger than its limit"));
+        }
+        if !self.in_parts {
+            match self.records.first_mut() {
+                Some(one) if one.len() + json.len() <= MAX_RECORD_LEN => {
+                    one.extend_from_slice(json);
+                    return Ok(json.len());
+                }
+                // It does not fit one record: what was written so far is
+                // the first part's.
+                _ => {
+                    let one = std::mem::take(&mut self.records);
+                    self.in_parts = true;
+                    if let Some(one) = one.first() {
+                        self.push_parts(&one[1..]);
+                    }
+                }
+            }
+        }
+        self.push_parts(json);
+        Ok(json.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Bytes that every [`Assembler`] sharing it may hold together: one side's
@@ -519,6 +581,58 @@ mod tests {
             id("big-1"),
             serde_json::json!({"stdout": "x".repeat(bytes)}),
         ))
+    }
+
+    /// The frame's whole JSON cut into records, as encoding did before it
+    /// wrote records as it went.
+    fn records_cut_from_whole(frame: &Frame, max: usize) -> Result<Vec<Vec<u8>>, RecordError> {
+        let mut one = vec![KIND_FRAME];
+        frame::encode_frame_json(frame, &mut one);
+        if one.len() <= MAX_RECORD_LEN {
+            return Ok(vec![one]);
+        }
+        let json = &one[1..];
+        if json.len() > max {
+            return Err(RecordError::PartsTooLarge { limit: max });
+        }
+        let count = json.len().div_ceil(MAX_RECORD_LEN - 2);
+        Ok(json
+            .chunks(MAX_RECORD_LEN - 2)
+            .enumerate()
+            .map(|(i, piece)| [&[KIND_PART, u8::from(i + 1 == count)], piece].concat())
+            .collect())
+    }
+
+    /// Around one record's size, two and three parts', and the limit:
+    /// the same records, byte for byte.
+    #[test]
+    fn records_written_as_the_json_comes_are_those_cut_from_the_whole() {
+        let overhead = {
+            let mut json = Vec::new();
+            frame::encode_frame_json(&big_response(0), &mut json);
+            json.len()
+        };
+        let around =
+            |json_len: usize| json_len.saturating_sub(overhead + 3)..json_len - overhead + 3;
+        let sizes = around(MAX_RECORD_LEN - 1)
+            .chain(around(2 * (MAX_RECORD_LEN - 2)))
+            .chain(around(3 * (MAX_RECORD_LEN - 2)))
+            .chain([0, 10, 1 << 20]);
+        for bytes in sizes {
+            let frame = big_response(bytes);
+            for max in [
+                DEFAULT_MAX_FRAME,
+                2 * MAX_RECORD_LEN,
+                overhead + bytes,
+                overhead + bytes - 1,
+            ] {
+                assert_eq!(
+                    encode_frame_records(&frame, max),
+                    records_cut_from_whole(&frame, max),
+                    "{bytes} bytes of stdout, max {max}"
+                );
+            }
+        }
     }
 
     /// Joins `records` as a receiver does; the frames it got.
