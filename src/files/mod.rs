@@ -675,6 +675,26 @@ pub(crate) struct NotUtf8 {
     at: usize,
 }
 
+/// The length of `text` as a JSON string, quotes included, as serde_json
+/// writes it: `"`, `\` and the short control escapes take two bytes,
+/// other control characters six (`\u001f`). Counted, not written: a
+/// command's output can be many MiB.
+fn json_string_len(text: &str) -> usize {
+    let extra = |b: u8| -> u16 {
+        let escaped = u16::from(b < 0x20 || b == b'"' || b == b'\\');
+        let long = u16::from(b < 0x20 && !matches!(b, b'\n' | b'\r' | b'\t' | 8 | 12));
+        escaped + 4 * long
+    };
+    // Summed in u16 lanes per 4 KiB (at most 5 × 4096), which the
+    // compiler vectorises; escapes are rare.
+    let escapes: usize = text
+        .as_bytes()
+        .chunks(4096)
+        .map(|chunk| usize::from(chunk.iter().fold(0u16, |sum, &b| sum + extra(b))))
+        .sum();
+    text.len() + 2 + escapes
+}
+
 /// The longest prefix of `data` whose encoding fits one response, as
 /// (content, bytes of `data` used). UTF-8 is cut at a character boundary;
 /// bytes that are not UTF-8 are an error that names the way out.
@@ -704,7 +724,7 @@ pub(crate) fn fit_inline(
                 }
             };
             loop {
-                let encoded = serde_json::to_string(text).unwrap_or_default().len();
+                let encoded = json_string_len(text);
                 if encoded <= budget {
                     return Ok((text.to_string(), text.len()));
                 }
@@ -1004,5 +1024,17 @@ pub(crate) mod tests {
             fit_inline(&[0xff; 100_000], Encoding::Base64, false, RESPONSE_BUDGET).unwrap();
         assert!(content.len() <= RESPONSE_BUDGET);
         assert_eq!(used, RESPONSE_BUDGET / 4 * 3);
+    }
+
+    proptest::proptest! {
+        /// Counted as serde_json writes it, for any text (controls, quotes,
+        /// backslashes, DEL and non-ASCII included).
+        #[test]
+        fn a_json_string_is_as_long_as_counted(text in "[\\x00-\\x7f\"\\\\é✓]{0,300}") {
+            proptest::prop_assert_eq!(
+                json_string_len(&text),
+                serde_json::to_string(&text).unwrap().len()
+            );
+        }
     }
 }

@@ -791,7 +791,8 @@ async fn read_capped(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> Capt
     let Some(mut stream) = stream else {
         return captured;
     };
-    let mut buf = vec![0u8; 16 * 1024];
+    // A pipe's capacity: one read takes what the command wrote meanwhile.
+    let mut buf = vec![0u8; 64 * 1024];
     while let Ok(n @ 1..) = stream.read(&mut buf).await {
         captured.total += n as u64;
         let room = cap.saturating_sub(captured.data.len());
@@ -833,10 +834,11 @@ async fn output_artifact(
 /// Output as it goes in the response: lossy UTF-8 or base64, cut to half
 /// a record each. Returns the text and the bytes of output it holds.
 fn inline(data: &[u8], encoding: Encoding, budget: usize) -> (String, usize) {
+    // Borrowed when the output is UTF-8 already (a copy of many MiB saved).
     let lossy;
     let bytes = match encoding {
         Encoding::Utf8 => {
-            lossy = String::from_utf8_lossy(data).into_owned();
+            lossy = String::from_utf8_lossy(data);
             lossy.as_bytes()
         }
         Encoding::Base64 => data,
