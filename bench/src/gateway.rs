@@ -22,6 +22,10 @@ pub struct Gateway {
     pub dir: PathBuf,
 }
 
+/// The gateway's `max_frame`: a `shell.exec` result of 16 MiB of output
+/// fits (each stream may fill half of it).
+pub const MAX_FRAME: usize = 40 << 20;
+
 /// The `portcullis` binary built beside this one.
 pub fn binary() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
@@ -91,8 +95,11 @@ output_limit = "4 GiB"
              state_dir = \"state\"\nadmin_socket = \"admin.sock\"\n"
                 .to_string()
                 + extra_config
-                + "\n[limits]\nmax_connections = 12000\nmax_sessions_per_principal = 12000\n\
-                   max_in_flight = 64\nidle_timeout = \"10m\"\nhandshake_timeout = \"60s\"\n",
+                + &format!(
+                    "\n[limits]\nmax_connections = 12000\nmax_sessions_per_principal = 12000\n\
+                     max_in_flight = 64\nidle_timeout = \"10m\"\nhandshake_timeout = \"60s\"\n\
+                     max_frame = {MAX_FRAME}\n"
+                ),
         )
         .map_err(|e| fail("the config", &e))?;
         let mut child = Command::new(binary()?)

@@ -46,16 +46,21 @@ pub struct Args {
     /// Seconds per concurrency level for requests per second.
     #[arg(long, default_value_t = 3.0)]
     request_seconds: f64,
-    /// Sessions in the scale test.
-    #[arg(long, default_value_t = 1000)]
-    scale_sessions: usize,
-    /// How long the scale test runs, in seconds.
+    /// Session counts in the scale test, each loaded in turn (the largest
+    /// also on the longer logs of --scale-log-entries).
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
+    scale_sessions: Vec<usize>,
+    /// How long each of the scale test's loads runs, in seconds.
     #[arg(long, default_value_t = 60)]
     scale_seconds: u64,
     /// Each scale-test session's pause between requests, in ms (0.5–1.5
     /// times this, so the sessions do not march in step).
-    #[arg(long, default_value_t = 250)]
+    #[arg(long, default_value_t = 4000)]
     scale_pause_ms: u64,
+    /// Audit-log lengths the scale test fills the log to (with `file.stat`)
+    /// before loading the largest session count again; none: no such loads.
+    #[arg(long, value_delimiter = ',', default_value = "1000000,10000000")]
+    scale_log_entries: Vec<u64>,
     /// Small sizes everywhere: checks that the harness works (CI), not a
     /// measurement.
     #[arg(long)]
@@ -117,8 +122,10 @@ impl Args {
             self.sessions = vec![20];
             self.gateway_sessions = 50;
             self.request_seconds = 0.5;
-            self.scale_sessions = 50;
+            self.scale_sessions = vec![20, 50];
             self.scale_seconds = 5;
+            self.scale_pause_ms = 250;
+            self.scale_log_entries = vec![5_000];
         }
     }
 }

@@ -45,6 +45,11 @@ impl Spread {
         self.0.is_empty()
     }
 
+    /// Each round's value, in order.
+    pub fn values(&self) -> &[f64] {
+        &self.0
+    }
+
     pub fn median(&self) -> f64 {
         let mut sorted = self.0.clone();
         sorted.sort_by(f64::total_cmp);
@@ -168,16 +173,61 @@ pub fn processes_with(needles: &[&str]) -> Vec<u32> {
         .collect()
 }
 
-/// Bytes allocated on disk to the files under `dir`.
+/// Bytes per second through one loopback TCP connection: `bytes` written
+/// in 256 KiB writes by one thread, read by another.
+pub fn loopback_tcp(bytes: u64) -> Result<f64, String> {
+    use std::io::{Read as _, Write as _};
+    let fail = |e: std::io::Error| format!("loopback TCP: {e}");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(fail)?;
+    let addr = listener.local_addr().map_err(fail)?;
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut socket = std::net::TcpStream::connect(addr)?;
+        let block = vec![7u8; 256 << 10];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(block.len() as u64) as usize;
+            socket.write_all(&block[..n])?;
+            left -= n as u64;
+        }
+        Ok(())
+    });
+    let (mut socket, _) = listener.accept().map_err(fail)?;
+    let started = std::time::Instant::now();
+    let mut block = vec![0u8; 256 << 10];
+    let mut read = 0u64;
+    loop {
+        match socket.read(&mut block).map_err(fail)? {
+            0 => break,
+            n => read += n as u64,
+        }
+    }
+    let took = started.elapsed();
+    writer
+        .join()
+        .map_err(|_| "loopback TCP: the writer panicked".to_string())?
+        .map_err(fail)?;
+    match read == bytes {
+        true => Ok(bytes as f64 / took.as_secs_f64()),
+        false => Err(format!("loopback TCP: {read} of {bytes} bytes arrived")),
+    }
+}
+
+/// Bytes allocated on disk to the files under `dir` (which may be in
+/// use).
 pub fn disk_usage(dir: &std::path::Path) -> std::io::Result<u64> {
     use std::os::unix::fs::MetadataExt as _;
     let mut total = 0;
     for item in std::fs::read_dir(dir)? {
-        let item = item?;
-        let meta = item.metadata()?;
-        total += match meta.is_dir() {
-            true => disk_usage(&item.path())?,
-            false => meta.blocks() * 512,
+        // A live store renames and removes files as it goes: one gone
+        // since the listing holds no disk.
+        let meta = match item.and_then(|item| item.metadata().map(|meta| (item, meta))) {
+            Ok(found) => found,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        total += match meta.1.is_dir() {
+            true => disk_usage(&meta.0.path())?,
+            false => meta.1.blocks() * 512,
         };
     }
     Ok(total)

@@ -191,31 +191,68 @@ impl Results {
                 "\n![requests per second and latency against requests in flight]({name})\n"
             );
         }
-        md.push_str(&self.scale_section());
+        md.push_str(&self.scale_section(&chart.with_file_name("scale.svg"))?);
         std::fs::write(out, md).map_err(|e| format!("{}: {e}", out.display()))
     }
 
-    fn scale_section(&self) -> String {
+    fn scale_section(&self, chart: &Path) -> Result<String, String> {
         let Some(scale) = &self.scale else {
-            return String::new();
+            return Ok(String::new());
         };
         let mut md = String::new();
         let _ = writeln!(md, "\n## Scale test\n");
         let _ = writeln!(
             md,
-            "{} sessions at once for {} s, each sending one request after another with a {} ms pause: {} (portcullis only).\n",
-            scale.sessions, scale.seconds, scale.pause_ms, scale.mix
+            "Sessions at once, each sending one request after another with a {} ms pause (0.5–1.5 times it): {} (portcullis only). Each load runs {} s: first at each session count (so the offered load grows with the sessions), then at the largest count again once `file.stat`s ({} in flight) have filled the audit log to each length. Disk is the gateway's state directory (sled and the journal) at the end of the load.\n",
+            scale.pause_ms,
+            scale.mix,
+            scale.seconds,
+            crate::scale::FILL_IN_FLIGHT
         );
         let _ = writeln!(
             md,
-            "**{} requests, {} failed**; {:.0} requests/s overall.\n",
-            scale.requests,
+            "**{} requests, {} failed** over every load.\n",
+            scale.loads.iter().map(|l| l.requests).sum::<usize>(),
             scale.errors,
-            scale.requests as f64 / scale.seconds as f64
         );
         for error in &scale.first_errors {
             let _ = writeln!(md, "- failed: {error}");
         }
+        let _ = writeln!(
+            md,
+            "| sessions | audit entries at start | requests | failed | requests/s | p50 ms | p99 ms | gateway RSS MiB | disk MiB | gateway CPU (cores) | log filled at (entries/s) |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
+        for load in &scale.loads {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.0} | {:.2} | {} |",
+                load.sessions,
+                load.log_entries,
+                load.requests,
+                load.errors,
+                load.requests as f64 / scale.seconds as f64,
+                load.p50,
+                load.p99,
+                load.rss_kib as f64 / 1024.0,
+                load.disk_bytes as f64 / 1_048_576.0,
+                load.cpu,
+                load.filled_at
+                    .map_or("–".to_string(), |r| format!("{r:.0}"))
+            );
+        }
+        self.scale_chart(scale, chart)?;
+        let name = chart.file_name().unwrap_or_default().to_string_lossy();
+        let _ = writeln!(
+            md,
+            "\n![gateway RSS, disk and p99 against sessions and against the audit log's length]({name})\n"
+        );
+        let _ = writeln!(
+            md,
+            "{} sessions, per {}-second window:\n",
+            scale.sessions,
+            crate::scale::WINDOW.as_secs()
+        );
         let _ = writeln!(
             md,
             "| seconds | requests | requests/s | p50 ms | p99 ms | gateway RSS MiB | gateway CPU (cores) |"
@@ -242,12 +279,63 @@ impl Results {
         }
         let _ = writeln!(
             md,
-            "\nGateway RSS: {:.1} MiB before the sessions connected, {:.1} MiB with all connected, {:.1} MiB at the end.",
+            "\nGateway RSS: {:.1} MiB before the sessions connected, {:.1} MiB once all {} had connected and loaded.",
             scale.rss_before_kib as f64 / 1024.0,
             scale.rss_connected_kib as f64 / 1024.0,
-            scale.rss_end_kib as f64 / 1024.0
+            scale.sessions,
         );
-        md
+        Ok(md)
+    }
+
+    /// Six panels: the gateway's RSS, its disk and p99 against sessions
+    /// (top) and against the audit log's length (bottom, the largest
+    /// session count).
+    fn scale_chart(&self, scale: &ScaleResult, path: &Path) -> Result<(), String> {
+        use plotters::prelude::*;
+        let root = SVGBackend::new(path, (1200, 700)).into_drawing_area();
+        root.fill(&WHITE).map_err(chart_error)?;
+        let rows = root.split_evenly((2, 3));
+        let blue = RGBColor(31, 119, 180);
+        let by_sessions: Vec<_> = scale
+            .loads
+            .iter()
+            .filter(|l| l.filled_at.is_none())
+            .collect();
+        let by_length: Vec<_> = scale
+            .loads
+            .iter()
+            .filter(|l| l.sessions == scale.sessions)
+            .collect();
+        let figures: [(&str, &str, LoadFigure); 3] = [
+            ("Gateway RSS", "MiB", |l| l.rss_kib as f64 / 1024.0),
+            ("Disk", "MiB", |l| l.disk_bytes as f64 / 1_048_576.0),
+            ("p99 of the mix", "ms", |l| l.p99),
+        ];
+        for (i, (caption, unit, figure)) in figures.iter().enumerate() {
+            let line = |loads: &[&crate::scale::Load], x: LoadFigure| {
+                vec![Line(
+                    "portcullis",
+                    blue,
+                    2,
+                    loads.iter().map(|l| (x(l), figure(l))).collect(),
+                )]
+            };
+            panel(
+                &rows[i],
+                &format!("{caption} by sessions"),
+                "sessions",
+                unit,
+                &line(&by_sessions, |l| l.sessions as f64),
+            )?;
+            panel(
+                &rows[3 + i],
+                &format!("{caption} by log length"),
+                "audit entries",
+                unit,
+                &line(&by_length, |l| l.log_entries.max(1) as f64),
+            )?;
+        }
+        root.present().map_err(chart_error)
     }
 
     /// Two panels: requests per second, and p50/p99 latency, against the
@@ -273,17 +361,26 @@ impl Results {
             ),
             Line("OpenSSH (SFTP STAT)", orange, 2, points(|c| &c.theirs_rate)),
         ];
-        panel(&left, "Small requests per second", "requests / s", &rates)?;
+        panel(
+            &left,
+            "Small requests per second",
+            "requests in flight",
+            "requests / s",
+            &rates,
+        )?;
         let latencies = [
             Line("portcullis p50", blue, 2, points(|c| &c.ours_p50)),
             Line("portcullis p99", blue, 1, points(|c| &c.ours_p99)),
             Line("OpenSSH p50", orange, 2, points(|c| &c.theirs_p50)),
             Line("OpenSSH p99", orange, 1, points(|c| &c.theirs_p99)),
         ];
-        panel(&right, "Latency", "ms", &latencies)?;
+        panel(&right, "Latency", "requests in flight", "ms", &latencies)?;
         root.present().map_err(chart_error)
     }
 }
+
+/// A figure of a scale-test load, for the chart.
+type LoadFigure = fn(&crate::scale::Load) -> f64;
 
 /// A series on the chart: label, colour, stroke width, (x, y) points.
 struct Line(
@@ -297,20 +394,22 @@ fn chart_error(e: impl std::fmt::Display) -> String {
     format!("the chart: {e}")
 }
 
-/// One panel: `lines` against the requests in flight, log-log.
+/// One panel: `lines` against `x_desc`, log-log.
 fn panel(
     area: &plotters::drawing::DrawingArea<
         plotters::backend::SVGBackend<'_>,
         plotters::coord::Shift,
     >,
     caption: &str,
+    x_desc: &str,
     unit: &str,
     lines: &[Line],
 ) -> Result<(), String> {
     use plotters::prelude::*;
-    let xs = lines.iter().flat_map(|l| l.3.iter().map(|p| p.0));
+    let xs = || lines.iter().flat_map(|l| l.3.iter().map(|p| p.0));
     let ys = || lines.iter().flat_map(|l| l.3.iter().map(|p| p.1));
-    let x_max = xs.fold(2.0, f64::max);
+    let x_max = xs().fold(2.0, f64::max);
+    let x_min = xs().fold(x_max / 2.0, f64::min).max(1.0);
     let y_max = ys().fold(0.01, f64::max);
     let y_min = ys().filter(|y| *y > 0.0).fold(y_max, f64::min);
     let mut chart = ChartBuilder::on(area)
@@ -319,13 +418,13 @@ fn panel(
         .x_label_area_size(40)
         .y_label_area_size(70)
         .build_cartesian_2d(
-            (1f64..x_max).log_scale(),
+            (x_min..x_max).log_scale(),
             (y_min / 2.0..y_max * 2.0).log_scale(),
         )
         .map_err(chart_error)?;
     chart
         .configure_mesh()
-        .x_desc("requests in flight")
+        .x_desc(x_desc)
         .y_desc(unit)
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| match *y >= 10.0 {

@@ -228,6 +228,72 @@ pub async fn exec(
     );
     floor.note = format!("p99 {}", floor99.show(2));
     results.rows.push(floor);
+    exec_result(args, gateway, sshd, results).await
+}
+
+/// A `shell.exec` whose result carries 16 MiB of output: one frame the
+/// gateway sends in parts (a record each 64 KiB), joined and parsed by the
+/// client; beside `ssh` streaming the same output over a ControlMaster
+/// connection.
+async fn exec_result(
+    args: &Args,
+    gateway: &Gateway,
+    sshd: &mut Sshd,
+    results: &mut Results,
+) -> Result<(), String> {
+    use portcullis_client::{Client, ClientOptions};
+    const SIZE: usize = 16 << 20;
+    let script = format!("yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c {SIZE}");
+    let mut options = ClientOptions::new(&gateway.url, gateway.key, gateway.identity.clone());
+    options.max_frame = crate::gateway::MAX_FRAME;
+    let client = Client::connect(options).await.map_err(|e| e.to_string())?;
+    client.accept_all().await.map_err(|e| e.to_string())?;
+    let params = json!({"command": ["/bin/sh", "-c", &script], "root_id": "work"});
+    let samples = args.samples.div_ceil(20);
+    let (mut ours, mut theirs) = (Spread::default(), Spread::default());
+    // The gateway's CPU per such exec, ms (the command's is not in it).
+    let mut gateway_cpu = Spread::default();
+    for round in 0..args.rounds {
+        eprintln!("a 16 MiB shell.exec result, round {}", round + 1);
+        let mut latencies = Latencies::default();
+        let cpu_before = measure::cpu_seconds(gateway.pid(), false);
+        for _ in 0..samples {
+            let started = Instant::now();
+            let result = client
+                .request("shell.exec", params.clone())
+                .await
+                .map_err(|e| format!("shell.exec of 16 MiB: {e}"))?;
+            latencies.push(started.elapsed());
+            let stdout = result["stdout"].as_str().map_or(0, str::len);
+            if stdout != SIZE || result["exit_code"] != 0 {
+                return Err(format!(
+                    "shell.exec of 16 MiB: {stdout} bytes of stdout, exit code {}",
+                    result["exit_code"]
+                ));
+            }
+        }
+        ours.push(latencies.quantile_ms(0.5));
+        let cpu = measure::cpu_seconds(gateway.pid(), false) - cpu_before;
+        gateway_cpu.push(cpu * 1e3 / samples as f64);
+        let mut latencies = Latencies::default();
+        for _ in 0..samples {
+            let mut ssh = sshd.ssh_muxed()?;
+            ssh.arg(&script);
+            latencies.push(timed(ssh).await?);
+        }
+        theirs.push(latencies.quantile_ms(0.5));
+    }
+    let mut row = Row::new(
+        "Commands",
+        "`shell.exec` with a 16 MiB result (one frame in 64 KiB records; ssh: the same output streamed), p50".into(),
+        "ms",
+        ours,
+        theirs,
+        Better::Lower,
+        1,
+    );
+    row.note = format!("gateway CPU {} ms per exec", gateway_cpu.show(1));
+    results.rows.push(row);
     Ok(())
 }
 
@@ -651,7 +717,32 @@ pub async fn bulk(
             Ok(c)
         }),
     ));
+    // Without a file: what the transfer itself allows.
+    transfers.push((
+        "portcullis cat (download to /dev/null)",
+        local.join("none"),
+        Box::new(|| {
+            let mut c = gateway.cli("cat")?;
+            c.arg("work:source.bin");
+            Ok(c)
+        }),
+    ));
+    transfers.push((
+        "ssh cat (download to /dev/null)",
+        local.join("none"),
+        Box::new(|| {
+            let mut c = sshd.ssh();
+            c.arg(format!("cat {}", path(&remote)));
+            Ok(c)
+        }),
+    ));
     let mut rates: Vec<Spread> = vec![Spread::default(); transfers.len()];
+    // CPU seconds per GiB of the gateway and of the client (this
+    // process's reaped children) for each transfer.
+    let mut cpu: Vec<[Spread; 2]> = vec![Default::default(); transfers.len()];
+    let mut loopback = Spread::default();
+    let gib = bytes as f64 / (1u64 << 30) as f64;
+    let this = std::process::id();
     // Round 0 is a warm-up and not counted: it brings the source into the
     // page cache and each tool's files into the kernel's caches.
     for round in 0..=args.rounds {
@@ -668,10 +759,22 @@ pub async fn bulk(
             let _ = std::fs::remove_file(output);
             timed(Command::new("sync")).await?;
             touch_free_memory(&local.join("warm.bin"), bytes + bytes / 8)?;
+            let cpu_before = (
+                measure::cpu_seconds(gateway.pid(), false),
+                measure::cpu_seconds(this, true) - measure::cpu_seconds(this, false),
+            );
             let took = timed(command()?).await?;
             if round > 0 {
                 rates[i].push(bytes as f64 / took.as_secs_f64() / 1e6);
+                let gateway_cpu = measure::cpu_seconds(gateway.pid(), false) - cpu_before.0;
+                let children = measure::cpu_seconds(this, true) - measure::cpu_seconds(this, false);
+                cpu[i][0].push(gateway_cpu / gib);
+                cpu[i][1].push((children - cpu_before.1) / gib);
             }
+        }
+        if round > 0 {
+            let measured = tokio::task::spawn_blocking(move || measure::loopback_tcp(bytes));
+            loopback.push(measured.await.map_err(|e| e.to_string())?? / 1e6);
         }
     }
     for (_, copy, _) in &transfers[..6] {
@@ -684,10 +787,8 @@ pub async fn bulk(
             return Err(format!("{} differs from the source", copy.display()));
         }
     }
-    let rate = |name: &str| -> Spread {
-        let i = transfers.iter().position(|(n, _, _)| *n == name);
-        i.map(|i| rates[i].clone()).unwrap_or_default()
-    };
+    let index = |name: &str| transfers.iter().position(|(n, _, _)| *n == name);
+    let rate = |name: &str| -> Spread { index(name).map(|i| rates[i].clone()).unwrap_or_default() };
     let section = "Bulk transfer";
     let size = format!("{} MiB", args.bulk_mib);
     for (what, ours, theirs) in [
@@ -700,6 +801,11 @@ pub async fn bulk(
             "download to a file: `portcullis get` vs `ssh cat`",
             "portcullis get",
             "ssh cat (download)",
+        ),
+        (
+            "download to /dev/null: `portcullis cat` vs `ssh cat`",
+            "portcullis cat (download to /dev/null)",
+            "ssh cat (download to /dev/null)",
         ),
         (
             "upload (the gateway fsyncs): `portcullis put` vs `scp`",
@@ -738,7 +844,45 @@ pub async fn bulk(
             0,
         ));
     }
+    results.rows.push(Row::new(
+        section,
+        format!("{size} physical limit: loopback TCP, one connection (a plain socket copy)"),
+        "MB/s",
+        loopback,
+        Spread::default(),
+        Better::Higher,
+        0,
+    ));
+    // Where a download's time goes on two cores: CPU per GiB of each side.
+    for name in ["portcullis get", "portcullis cat (download to /dev/null)"] {
+        let Some(i) = index(name) else { continue };
+        let [gateway_cpu, client_cpu] = &cpu[i];
+        let mut row = Row::new(
+            section,
+            format!("{size} `{name}`: CPU seconds per GiB, gateway + client"),
+            "s",
+            sum_of(gateway_cpu, client_cpu),
+            Spread::default(),
+            Better::Lower,
+            2,
+        );
+        row.note = format!(
+            "gateway {}, client {}",
+            gateway_cpu.show(2),
+            client_cpu.show(2)
+        );
+        results.rows.push(row);
+    }
     Ok(())
+}
+
+/// Round by round, `a + b`.
+fn sum_of(a: &Spread, b: &Spread) -> Spread {
+    let mut sum = Spread::default();
+    for (a, b) in a.values().iter().zip(b.values()) {
+        sum.push(a + b);
+    }
+    sum
 }
 
 /// A transfer's name, the file it writes, and how to make its command
