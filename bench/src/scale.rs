@@ -139,7 +139,11 @@ pub async fn run(args: &Args, gateway: &Gateway) -> Result<ScaleResult, String> 
     let mut counts = args.scale_sessions.clone();
     counts.sort_unstable();
     counts.dedup();
-    let largest = *counts.last().ok_or("--scale-sessions is empty")?;
+    let largest = counts
+        .last()
+        .copied()
+        .filter(|n| *n > 0)
+        .ok_or("--scale-sessions needs a session count above 0")?;
     crate::settle().await;
     let rss_before_kib = measure::rss_kib(gateway.pid());
 
