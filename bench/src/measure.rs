@@ -212,6 +212,102 @@ pub fn loopback_tcp(bytes: u64) -> Result<f64, String> {
     }
 }
 
+/// The machine's busy CPU time so far, in seconds: every CPU's time in
+/// all states but idle and iowait (`/proc/stat`), so that work done by
+/// processes nobody waits for and by kernel threads (a namespace's
+/// teardown) counts too.
+pub fn machine_busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0.0;
+    };
+    let ticks: Vec<f64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal guest …: steal is
+    // the host's work, guest is counted in user already.
+    let busy: f64 = [0, 1, 2, 5, 6].iter().filter_map(|&i| ticks.get(i)).sum();
+    busy / rustix::param::clock_ticks_per_second() as f64
+}
+
+/// Round trips of a 64-byte message over one loopback TCP connection
+/// (`TCP_NODELAY`), between two threads of this process: the least any
+/// request and its answer cost here before either side does any work.
+pub fn loopback_round_trips(samples: usize) -> Result<Latencies, String> {
+    use std::io::{Read as _, Write as _};
+    let fail = |e: std::io::Error| format!("loopback round trip: {e}");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(fail)?;
+    let addr = listener.local_addr().map_err(fail)?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut socket, _) = listener.accept()?;
+        socket.set_nodelay(true)?;
+        let mut message = [0u8; 64];
+        loop {
+            match socket.read(&mut message)? {
+                0 => return Ok(()),
+                n => socket.write_all(&message[..n])?,
+            }
+        }
+    });
+    let mut socket = std::net::TcpStream::connect(addr).map_err(fail)?;
+    socket.set_nodelay(true).map_err(fail)?;
+    let mut latencies = Latencies::default();
+    let mut message = [7u8; 64];
+    // The first few wake a cold path: not counted.
+    for i in 0..samples + 100 {
+        let started = std::time::Instant::now();
+        socket.write_all(&message).map_err(fail)?;
+        socket.read_exact(&mut message).map_err(fail)?;
+        if i >= 100 {
+            latencies.push(started.elapsed());
+        }
+    }
+    drop(socket);
+    echo.join()
+        .map_err(|_| "loopback round trip: the echo thread panicked".to_string())?
+        .map_err(fail)?;
+    Ok(latencies)
+}
+
+/// One thread waking another that sleeps in the kernel, and being woken
+/// by it in turn (a byte each way over two pipes, so that neither side
+/// spins in user space the way a channel's receiver does briefly): what a
+/// request pays to reach the audit writer, asleep between group commits,
+/// and to be woken again once its entry is durable.
+pub fn thread_hand_offs(samples: usize) -> Result<Latencies, String> {
+    use std::io::{Read as _, Write as _};
+    let fail = |e: std::io::Error| format!("thread hand-off: {e}");
+    let (mut from_here, mut to_other) = std::io::pipe().map_err(fail)?;
+    let (mut from_other, mut to_here) = std::io::pipe().map_err(fail)?;
+    let other = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut byte = [0u8; 1];
+        loop {
+            match from_here.read(&mut byte)? {
+                0 => return Ok(()),
+                _ => to_here.write_all(&byte)?,
+            }
+        }
+    });
+    let mut latencies = Latencies::default();
+    let mut byte = [1u8; 1];
+    for i in 0..samples + 100 {
+        let started = std::time::Instant::now();
+        to_other.write_all(&byte).map_err(fail)?;
+        from_other.read_exact(&mut byte).map_err(fail)?;
+        if i >= 100 {
+            latencies.push(started.elapsed());
+        }
+    }
+    drop(to_other);
+    other
+        .join()
+        .map_err(|_| "thread hand-off: the other thread panicked".to_string())?
+        .map_err(fail)?;
+    Ok(latencies)
+}
+
 /// Bytes allocated on disk to the files under `dir` (which may be in
 /// use).
 pub fn disk_usage(dir: &std::path::Path) -> std::io::Result<u64> {
@@ -269,5 +365,23 @@ mod tests {
         assert!(cpu_seconds(pid, false) > 0.0);
         assert!(rss_kib(pid) > 0);
         assert_eq!(process_tree(pid)[0], pid);
+    }
+
+    /// The machine's busy time counts this process's: spun until this
+    /// process has used 0.2 s of CPU (by its own count, not the clock's).
+    #[test]
+    fn the_machine_s_busy_time_includes_this_process_s() {
+        let (machine, own) = (
+            machine_busy_seconds(),
+            cpu_seconds(std::process::id(), false),
+        );
+        while cpu_seconds(std::process::id(), false) - own < 0.2 {}
+        assert!(machine_busy_seconds() - machine >= 0.15);
+    }
+
+    #[test]
+    fn the_floors_measure_as_many_round_trips_as_asked() {
+        assert_eq!(loopback_round_trips(50).unwrap().len(), 50);
+        assert_eq!(thread_hand_offs(50).unwrap().len(), 50);
     }
 }

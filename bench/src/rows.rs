@@ -159,7 +159,12 @@ async fn sshd_sessions(sshd: &Sshd, count: usize) -> Result<(f64, f64), String> 
 }
 
 /// `true` on an open session: `shell.exec` on a portcullis session beside
-/// `ssh` over a ControlMaster connection, and the local spawn floor.
+/// `ssh` over a ControlMaster connection; the local spawn floor; and the
+/// launcher run directly with the bench grant's world, which is what
+/// every sandboxed command costs before the gateway does anything. Each
+/// with the whole machine's CPU per command (all processes and kernel
+/// threads), since a command's world is torn down by processes nobody
+/// waits for and by the kernel's workers.
 pub async fn exec(
     args: &Args,
     gateway: &Gateway,
@@ -168,67 +173,115 @@ pub async fn exec(
 ) -> Result<(), String> {
     let client = gateway.session().await.map_err(|e| e.to_string())?;
     let exec = json!({"command": ["/bin/true"]});
-    let mut figures: [Spread; 6] = Default::default();
+    let launcher = launcher_running_true(gateway)?;
+    // p50, p99 and machine CPU per command of: ours, ssh, the floor, the
+    // launcher alone.
+    let mut figures: [[Spread; 3]; 4] = Default::default();
     for round in 0..args.rounds {
         eprintln!("exec true on an open session, round {}", round + 1);
-        let mut ours = Latencies::default();
+        let mut latencies: [Latencies; 4] = Default::default();
+        let mut cpu = [0.0; 4];
+        let busy = measure::machine_busy_seconds();
         for _ in 0..args.samples {
             let started = Instant::now();
             let result = client
                 .request("shell.exec", exec.clone())
                 .await
                 .map_err(|e| format!("shell.exec: {e}"))?;
-            ours.push(started.elapsed());
+            latencies[0].push(started.elapsed());
             if result["exit_code"] != 0 {
                 return Err(format!("shell.exec /bin/true: {result}"));
             }
         }
-        let mut theirs = Latencies::default();
+        cpu[0] = measure::machine_busy_seconds() - busy;
+        let busy = measure::machine_busy_seconds();
         for _ in 0..args.samples {
-            theirs.push(timed(ssh_true(sshd.ssh_muxed()?)).await?);
+            latencies[1].push(timed(ssh_true(sshd.ssh_muxed()?)).await?);
         }
-        let mut floor = Latencies::default();
+        cpu[1] = measure::machine_busy_seconds() - busy;
+        let busy = measure::machine_busy_seconds();
         for _ in 0..args.samples {
-            floor.push(timed(Command::new("/bin/true")).await?);
+            latencies[2].push(timed(Command::new("/bin/true")).await?);
         }
-        for (i, latencies) in [ours, theirs, floor].iter_mut().enumerate() {
-            figures[i * 2].push(latencies.quantile_ms(0.5));
-            figures[i * 2 + 1].push(latencies.quantile_ms(0.99));
+        cpu[2] = measure::machine_busy_seconds() - busy;
+        let busy = measure::machine_busy_seconds();
+        for _ in 0..args.samples {
+            latencies[3].push(timed(launcher()).await?);
+        }
+        cpu[3] = measure::machine_busy_seconds() - busy;
+        for (i, latencies) in latencies.iter_mut().enumerate() {
+            figures[i][0].push(latencies.quantile_ms(0.5));
+            figures[i][1].push(latencies.quantile_ms(0.99));
+            figures[i][2].push(cpu[i] * 1e3 / args.samples.max(1) as f64);
         }
     }
-    let [ours50, ours99, theirs50, theirs99, floor50, floor99] = figures;
+    let [ours, theirs, floor, alone] = figures;
     let what =
         "exec `true` on an open session (portcullis: shell.exec, sandboxed; ssh: ControlMaster)";
-    results.rows.push(Row::new(
-        "Commands",
-        format!("{what}, p50"),
-        "ms",
-        ours50,
-        theirs50,
-        Better::Lower,
-        2,
-    ));
-    results.rows.push(Row::new(
-        "Commands",
-        format!("{what}, p99"),
-        "ms",
-        ours99,
-        theirs99,
-        Better::Lower,
-        2,
-    ));
-    let mut floor = Row::new(
-        "Commands",
-        "local spawn floor: fork+exec /bin/true here, p50".into(),
-        "ms",
-        floor50,
-        Spread::default(),
-        Better::Lower,
-        2,
-    );
-    floor.note = format!("p99 {}", floor99.show(2));
-    results.rows.push(floor);
+    for (i, q) in ["p50", "p99", "CPU per command, whole machine"]
+        .iter()
+        .enumerate()
+    {
+        results.rows.push(Row::new(
+            "Commands",
+            format!("{what}, {q}"),
+            "ms",
+            ours[i].clone(),
+            theirs[i].clone(),
+            Better::Lower,
+            2,
+        ));
+    }
+    let limits = [
+        ("local spawn floor: fork+exec /bin/true here", floor),
+        (
+            "sandboxed spawn floor: the launcher run directly, /bin/true in the bench grant's world (bwrap, Landlock, seccomp; no gateway)",
+            alone,
+        ),
+    ];
+    for (what, [p50, p99, cpu]) in limits {
+        let mut row = Row::new(
+            "Commands",
+            format!("{what}, p50"),
+            "ms",
+            p50,
+            Spread::default(),
+            Better::Lower,
+            2,
+        );
+        row.note = format!(
+            "p99 {}; CPU per command, whole machine {} ms",
+            p99.show(2),
+            cpu.show(2)
+        );
+        results.rows.push(row);
+    }
     exec_result(args, gateway, sshd, results).await
+}
+
+/// The launcher as the gateway starts it for the bench grant's commands,
+/// run directly: `/bin/true` in a world of its own with the grant's root
+/// read-write and no network, told what of `/etc` to cover as the daemon
+/// tells it.
+fn launcher_running_true(gateway: &Gateway) -> Result<impl Fn() -> Command, String> {
+    let launcher = crate::gateway::binary()?.with_file_name("portcullis-sandbox");
+    let hidden = portcullis_sandbox::hidden_in_etc()
+        .map_err(|e| format!("what of /etc a world covers: {e}"))?;
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "--deny-network".into(),
+        "--rw".into(),
+        gateway.root.clone().into(),
+        "--etc-looked".into(),
+    ];
+    for path in hidden {
+        args.extend(["--hide".into(), path.into()]);
+    }
+    args.extend(["--".into(), "/bin/true".into()]);
+    Ok(move || {
+        let mut command = Command::new(&launcher);
+        command.args(&args);
+        command
+    })
 }
 
 /// A `shell.exec` whose result carries 16 MiB of output: one frame the
@@ -405,6 +458,9 @@ pub async fn requests(
         let (mut server_cpu, mut client_cpu) = <((Spread, Spread), (Spread, Spread))>::default();
         // What each answer waited for: the audit log's group commits.
         let (mut commit_ms, mut per_commit) = <(Spread, Spread)>::default();
+        // The least an answer at 1 in flight waits for besides its commit.
+        let (mut round_trip_ms, mut hand_off_ms, mut floor_ms) =
+            <(Spread, Spread, Spread)>::default();
         let own = || measure::cpu_seconds(std::process::id(), true);
         let per_request =
             |seconds: f64, latencies: &Latencies| seconds * 1e6 / latencies.len().max(1) as f64;
@@ -416,6 +472,21 @@ pub async fn requests(
             let (ms, entries) = commits.until(gateway.audit_commits().await?);
             commit_ms.push(ms);
             per_commit.push(entries);
+            if level == 1 {
+                let samples = args.samples.max(1000);
+                let (mut trips, mut hand_offs) = tokio::task::spawn_blocking(move || {
+                    Ok::<_, String>((
+                        measure::loopback_round_trips(samples)?,
+                        measure::thread_hand_offs(samples)?,
+                    ))
+                })
+                .await
+                .map_err(|e| e.to_string())??;
+                let (trip, hand_off) = (trips.quantile_ms(0.5), hand_offs.quantile_ms(0.5));
+                round_trip_ms.push(trip);
+                hand_off_ms.push(hand_off);
+                floor_ms.push(trip + hand_off + ms);
+            }
             server_cpu.0.push(per_request(
                 measure::cpu_seconds(gateway.pid(), false) - server,
                 &latencies,
@@ -506,6 +577,33 @@ pub async fn requests(
                 better,
                 decimals,
             ));
+        }
+        if level == 1 {
+            let floors = [
+                (
+                    "physical floor: a 64-byte loopback TCP round trip between two threads, p50",
+                    round_trip_ms,
+                ),
+                (
+                    "physical floor: one thread's hand-off to another and back, p50",
+                    hand_off_ms,
+                ),
+                (
+                    "physical floor under an audited answer: that round trip, that hand-off (to the audit writer and back) and the mean group commit",
+                    floor_ms,
+                ),
+            ];
+            for (q, floor) in floors {
+                results.rows.push(Row::new(
+                    section,
+                    what(q),
+                    "ms",
+                    floor,
+                    Spread::default(),
+                    Better::Lower,
+                    3,
+                ));
+            }
         }
         // The chart is of small requests (stat) only.
         if matches!(small, Small::Stat) {
