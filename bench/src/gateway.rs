@@ -177,14 +177,20 @@ output_limit = "4 GiB"
         })
     }
 
+    /// How a client reaches this gateway: its URL and key, the bench's
+    /// identity, the client library's defaults otherwise.
+    pub fn options(&self) -> ClientOptions {
+        ClientOptions::new(&self.url, self.key, self.identity.clone())
+    }
+
     /// A new authenticated session that has accepted every capability.
     pub async fn session(&self) -> Result<Client, ClientError> {
-        let client = Client::connect(ClientOptions::new(
-            &self.url,
-            self.key,
-            self.identity.clone(),
-        ))
-        .await?;
+        self.session_with(self.options()).await
+    }
+
+    /// [`session`](Self::session) with other options (e.g. `max_frame`).
+    pub async fn session_with(&self, options: ClientOptions) -> Result<Client, ClientError> {
+        let client = Client::connect(options).await?;
         client.accept_all().await?;
         Ok(client)
     }
@@ -195,7 +201,7 @@ output_limit = "4 GiB"
         while open.len() < count {
             let mut batch = tokio::task::JoinSet::new();
             for _ in 0..16.min(count - open.len()) {
-                let options = ClientOptions::new(&self.url, self.key, self.identity.clone());
+                let options = self.options();
                 batch.spawn(async move {
                     let client = Client::connect(options).await?;
                     client.accept_all().await.map(|()| client)

@@ -28,6 +28,17 @@ async fn timed(command: Command) -> Result<Duration, String> {
     }
 }
 
+/// A shell script printing `bytes` bytes of text as fast as `yes` can.
+fn printing(bytes: u64) -> String {
+    format!("yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c {bytes}")
+}
+
+/// `shell.exec` or `shell.start` parameters running `script` with
+/// `/bin/sh` in the bench's root.
+fn sh_params(script: &str) -> serde_json::Value {
+    json!({"command": ["/bin/sh", "-c", script], "root_id": "work"})
+}
+
 fn ssh_true(mut ssh: Command) -> Command {
     ssh.arg("true");
     ssh
@@ -294,14 +305,15 @@ async fn exec_result(
     sshd: &mut Sshd,
     results: &mut Results,
 ) -> Result<(), String> {
-    use portcullis_client::{Client, ClientOptions};
-    const SIZE: usize = 16 << 20;
-    let script = format!("yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c {SIZE}");
-    let mut options = ClientOptions::new(&gateway.url, gateway.key, gateway.identity.clone());
+    const SIZE: u64 = 16 << 20;
+    let mut options = gateway.options();
     options.max_frame = crate::gateway::MAX_FRAME;
-    let client = Client::connect(options).await.map_err(|e| e.to_string())?;
-    client.accept_all().await.map_err(|e| e.to_string())?;
-    let params = json!({"command": ["/bin/sh", "-c", &script], "root_id": "work"});
+    let client = gateway
+        .session_with(options)
+        .await
+        .map_err(|e| e.to_string())?;
+    let script = printing(SIZE);
+    let params = sh_params(&script);
     let samples = args.samples.div_ceil(20);
     let (mut ours, mut theirs) = (Spread::default(), Spread::default());
     // The gateway's CPU per such exec, ms (the command's is not in it).
@@ -317,7 +329,7 @@ async fn exec_result(
                 .await
                 .map_err(|e| format!("shell.exec of 16 MiB: {e}"))?;
             latencies.push(started.elapsed());
-            let stdout = result["stdout"].as_str().map_or(0, str::len);
+            let stdout = result["stdout"].as_str().map_or(0, str::len) as u64;
             if stdout != SIZE || result["exit_code"] != 0 {
                 return Err(format!(
                     "shell.exec of 16 MiB: {stdout} bytes of stdout, exit code {}",
@@ -1485,24 +1497,20 @@ pub async fn mcp(
 /// falls out of the gateway's 1 MiB ring). Beside them, the command alone
 /// here, into `/dev/null`.
 pub async fn output(args: &Args, gateway: &Gateway, results: &mut Results) -> Result<(), String> {
-    use portcullis_client::{Client, ClientOptions, StreamItem};
+    use portcullis_client::{Client, StreamItem};
     let size = args.bulk_mib * 1024 * 1024;
-    let script = format!("yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c {size}");
+    let script = printing(size);
     let chunks = gateway.session().await.map_err(|e| e.to_string())?;
-    let frames = Client::connect(ClientOptions::new(
-        &gateway.url,
-        gateway.key,
-        gateway.identity.clone(),
-    ))
-    .await
-    .map_err(|e| e.to_string())?;
+    let frames = Client::connect(gateway.options())
+        .await
+        .map_err(|e| e.to_string())?;
     let offered = frames.offered();
     let names: Vec<&str> = offered.iter().map(String::as_str).collect();
     frames
         .accept_output(&names, "frames")
         .await
         .map_err(|e| e.to_string())?;
-    let params = json!({"command": ["/bin/sh", "-c", &script], "root_id": "work"});
+    let params = sh_params(&script);
     // [chunks, frames, the command alone] MB/s; [chunks, frames] % received.
     let (mut rate, mut received): ([Spread; 3], [Spread; 2]) = Default::default();
     let mb_per_s = |bytes: u64, took: Duration| bytes as f64 / took.as_secs_f64() / 1e6;
