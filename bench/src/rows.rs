@@ -28,6 +28,20 @@ async fn timed(command: Command) -> Result<Duration, String> {
     }
 }
 
+/// Runs `one` `samples` times, one after another: the times it returns,
+/// and the whole machine's busy CPU seconds meanwhile.
+async fn each_timed(
+    samples: usize,
+    mut one: impl AsyncFnMut() -> Result<Duration, String>,
+) -> Result<(Latencies, f64), String> {
+    let mut latencies = Latencies::default();
+    let busy = measure::machine_busy_seconds();
+    for _ in 0..samples {
+        latencies.push(one().await?);
+    }
+    Ok((latencies, measure::machine_busy_seconds() - busy))
+}
+
 /// A shell script printing `bytes` bytes of text as fast as `yes` can.
 fn printing(bytes: u64) -> String {
     format!("yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c {bytes}")
@@ -190,40 +204,32 @@ pub async fn exec(
     let mut figures: [[Spread; 3]; 4] = Default::default();
     for round in 0..args.rounds {
         eprintln!("exec true on an open session, round {}", round + 1);
-        let mut latencies: [Latencies; 4] = Default::default();
-        let mut cpu = [0.0; 4];
-        let busy = measure::machine_busy_seconds();
-        for _ in 0..args.samples {
+        let shell_exec = each_timed(args.samples, async || {
             let started = Instant::now();
             let result = client
                 .request("shell.exec", exec.clone())
                 .await
                 .map_err(|e| format!("shell.exec: {e}"))?;
-            latencies[0].push(started.elapsed());
-            if result["exit_code"] != 0 {
-                return Err(format!("shell.exec /bin/true: {result}"));
+            match result["exit_code"] == 0 {
+                true => Ok(started.elapsed()),
+                false => Err(format!("shell.exec /bin/true: {result}")),
             }
-        }
-        cpu[0] = measure::machine_busy_seconds() - busy;
-        let busy = measure::machine_busy_seconds();
-        for _ in 0..args.samples {
-            latencies[1].push(timed(ssh_true(sshd.ssh_muxed()?)).await?);
-        }
-        cpu[1] = measure::machine_busy_seconds() - busy;
-        let busy = measure::machine_busy_seconds();
-        for _ in 0..args.samples {
-            latencies[2].push(timed(Command::new("/bin/true")).await?);
-        }
-        cpu[2] = measure::machine_busy_seconds() - busy;
-        let busy = measure::machine_busy_seconds();
-        for _ in 0..args.samples {
-            latencies[3].push(timed(launcher()).await?);
-        }
-        cpu[3] = measure::machine_busy_seconds() - busy;
-        for (i, latencies) in latencies.iter_mut().enumerate() {
+        })
+        .await?;
+        let ssh = each_timed(args.samples, async || {
+            timed(ssh_true(sshd.ssh_muxed()?)).await
+        })
+        .await?;
+        let spawned = each_timed(args.samples, async || {
+            timed(Command::new("/bin/true")).await
+        })
+        .await?;
+        let sandboxed = each_timed(args.samples, async || timed(launcher()).await).await?;
+        let mut measured = [shell_exec, ssh, spawned, sandboxed];
+        for (i, (latencies, cpu)) in measured.iter_mut().enumerate() {
             figures[i][0].push(latencies.quantile_ms(0.5));
             figures[i][1].push(latencies.quantile_ms(0.99));
-            figures[i][2].push(cpu[i] * 1e3 / args.samples.max(1) as f64);
+            figures[i][2].push(*cpu * 1e3 / args.samples.max(1) as f64);
         }
     }
     let [ours, theirs, floor, alone] = figures;
@@ -963,8 +969,12 @@ pub async fn bulk(
         Better::Higher,
         0,
     ));
-    // Where a download's time goes on two cores: CPU per GiB of each side.
-    for name in ["portcullis get", "portcullis cat (download to /dev/null)"] {
+    // Where a transfer's time goes on two cores: CPU per GiB of each side.
+    for name in [
+        "portcullis get",
+        "portcullis cat (download to /dev/null)",
+        "portcullis put",
+    ] {
         let Some(i) = index(name) else { continue };
         let [gateway_cpu, client_cpu] = &cpu[i];
         let mut row = Row::new(
