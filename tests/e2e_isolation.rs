@@ -210,6 +210,37 @@ async fn orphans_in_a_command_s_world_are_reaped() {
 }
 
 #[tokio::test]
+async fn a_command_s_tmp_and_shm_are_its_own() {
+    let Setup { gw: _gw, alice, .. } = setup().await;
+    // Programs need a writable /tmp (mktemp, compilers, pip) and /dev/shm
+    // (Python's multiprocessing): the world's own, empty at the start,
+    // gone at the end, never the host's.
+    let name = format!("portcullis-private-{}", std::process::id());
+    // (A root below /tmp, as the tests' are, shows there as its path.)
+    let seen = format!(
+        "ls -A /dev/shm; for f in /tmp/{name} /dev/shm/{name}; do test -e $f && echo seen $f; done"
+    );
+    let script = format!(
+        "{seen}; echo made > /tmp/{name} && echo made > /dev/shm/{name} \
+         && cat /tmp/{name} /dev/shm/{name} && mktemp"
+    );
+    let first = sh(&alice, &script).await;
+    assert_eq!(first["exit_code"], 0, "{first}");
+    assert!(
+        stdout(&first).starts_with("made\nmade\n/tmp/tmp."),
+        "{first}"
+    );
+    let program = "from multiprocessing import shared_memory as s; m = s.SharedMemory(create=True, size=64); m.close(); m.unlink(); print('shm ok')";
+    let r = python(&alice, program).await;
+    assert_eq!(stdout(&r), "shm ok\n", "{r}");
+    // The next command starts from empty ones, and the host never saw them.
+    let second = sh(&alice, &seen).await;
+    assert_eq!(stdout(&second), "", "{second}");
+    assert!(!std::path::Path::new("/tmp").join(&name).exists());
+    assert!(!std::path::Path::new("/dev/shm").join(&name).exists());
+}
+
+#[tokio::test]
 async fn nothing_a_command_starts_outlives_it() {
     let Setup { gw: _gw, alice, .. } = setup().await;
     // setsid, a double fork and a new process group, each a sleeper; the

@@ -33,8 +33,9 @@
 //! directory, opened beneath its root as `file.*` requests open paths; the
 //! grant's rlimits, no core dumps and no raising of its CPU priority; a
 //! Landlock ruleset: read and execute the system's program paths, read the
-//! granted `ro` roots, read and write the `rw` roots, and (where the kernel
-//! has it) signal nothing outside the sandbox; with `--deny-network` no
+//! granted `ro` roots, read and write the `rw` roots and, in its own world,
+//! that world's `/tmp` and `/dev/shm` ([`WORLD_WRITE`]), and (where the
+//! kernel has it) signal nothing outside the sandbox; with `--deny-network` no
 //! network (see [`network_rules`]): Landlock's TCP rules and its
 //! abstract-socket scope, in the same ruleset, and a seccomp filter
 //! ([`filters::network`]) that refuses sockets of every family but
@@ -94,6 +95,10 @@ const SYSTEM_READ: &[&str] = &[
 ];
 /// Device files programs write to.
 const SYSTEM_WRITE: &[&str] = &["/dev/null", "/dev/zero", "/dev/tty", "/dev/full"];
+/// Directories a command in its own world may write: the world's own
+/// tmpfs mounts, empty when it starts and gone when it ends. Never granted
+/// to a command without a world, where they are the host's.
+const WORLD_WRITE: &[&str] = &["/tmp", "/dev/shm"];
 /// The newest Landlock ABI whose filesystem rights are asked for (where
 /// the kernel has them; see [`landlock()`]).
 const NEWEST: ABI = ABI::V5;
@@ -522,7 +527,7 @@ fn run(args: SandboxArgs, raw: &[OsString], prepared: Prepared, in_own_session: 
         };
     }
     if let Err(e) =
-        confine(&args, prepared.network_filtered).and_then(|()| args.release(prepared.null))
+        confine(&args, prepared.network_filtered, false).and_then(|()| args.release(prepared.null))
     {
         return refuse(e);
     }
@@ -589,7 +594,7 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
         if let Some(nice) = args.nice {
             let _ = rustix::process::setpriority_process(None, nice);
         }
-        confine(&args, prepared.network_filtered)?;
+        confine(&args, prepared.network_filtered, true)?;
         if args.egress.is_some() {
             // After `confine`: the bridge's threads inherit its Landlock
             // ruleset and seccomp filters.
@@ -615,8 +620,9 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
 /// grant's rlimits (and no core dumps, no raising of CPU priority),
 /// Landlock, the network's seccomp filter unless it was applied ahead
 /// (`network_filtered`), and the filter of calls no command needs
-/// ([`filters::hardening`]).
-fn confine(args: &SandboxArgs, network_filtered: bool) -> Result<(), SetupError> {
+/// ([`filters::hardening`]). `in_world`: the command runs in its own world,
+/// whose `/tmp` and `/dev/shm` are its own to write ([`WORLD_WRITE`]).
+fn confine(args: &SandboxArgs, network_filtered: bool, in_world: bool) -> Result<(), SetupError> {
     if let Some(cwd) = &args.cwd {
         change_dir(cwd)?;
     }
@@ -640,6 +646,7 @@ fn confine(args: &SandboxArgs, network_filtered: bool) -> Result<(), SetupError>
             let (read, all) = (AccessFs::from_read(NEWEST), AccessFs::from_all(NEWEST));
             let rules = path_beneath_rules(SYSTEM_READ, read)
                 .chain(path_beneath_rules(SYSTEM_WRITE, all))
+                .chain(path_beneath_rules(world_writable(args, in_world), all))
                 .collect::<Result<Vec<_>, _>>()?;
             Some(rules)
         }
@@ -651,6 +658,21 @@ fn confine(args: &SandboxArgs, network_filtered: bool) -> Result<(), SetupError>
     }
     filters::apply(filters::hardening())?;
     filters::apply(filters::no_clone3())
+}
+
+/// [`WORLD_WRITE`]'s directories for a command in its own world, except
+/// one with a read-only root beneath it: a rule for the directory would
+/// cover that root too, and Landlock must keep it read-only as the mount
+/// does (such a command's `/tmp` stays read-only).
+fn world_writable(args: &SandboxArgs, in_world: bool) -> Vec<&'static str> {
+    match in_world {
+        true => WORLD_WRITE
+            .iter()
+            .copied()
+            .filter(|dir| !args.ro.iter().any(|root| root.starts_with(dir)))
+            .collect(),
+        false => Vec::new(),
+    }
 }
 
 impl SandboxArgs {
@@ -1004,6 +1026,32 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::os::unix::ffi::OsStringExt as _;
+
+    /// A world's `/tmp` and `/dev/shm` are writable only in a world, and
+    /// never where a read-only root lies beneath them.
+    #[test]
+    fn only_a_world_s_own_directories_are_writable() {
+        let args = |ro: &[&str], rw: &[&str]| SandboxArgs {
+            ro: ro.iter().map(PathBuf::from).collect(),
+            rw: rw.iter().map(PathBuf::from).collect(),
+            ..SandboxArgs::default()
+        };
+        assert!(world_writable(&args(&[], &[]), false).is_empty());
+        assert_eq!(world_writable(&args(&[], &[]), true), ["/tmp", "/dev/shm"]);
+        assert_eq!(
+            world_writable(&args(&[], &["/tmp/work"]), true),
+            ["/tmp", "/dev/shm"]
+        );
+        assert_eq!(
+            world_writable(&args(&["/tmp/docs"], &[]), true),
+            ["/dev/shm"]
+        );
+        // A path that merely starts with the same letters is not beneath.
+        assert_eq!(
+            world_writable(&args(&["/tmpfiles"], &[]), true),
+            ["/tmp", "/dev/shm"]
+        );
+    }
 
     proptest! {
         /// Any arguments, any bytes in them, come back as they went.
