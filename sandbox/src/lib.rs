@@ -64,7 +64,7 @@
 #![forbid(unsafe_code)]
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod egress;
@@ -661,15 +661,20 @@ fn confine(args: &SandboxArgs, network_filtered: bool, in_world: bool) -> Result
 }
 
 /// [`WORLD_WRITE`]'s directories for a command in its own world, except
-/// one with a read-only root beneath it: a rule for the directory would
+/// one with a read-only root beneath it (a rule for the directory would
 /// cover that root too, and Landlock must keep it read-only as the mount
-/// does (such a command's `/tmp` stays read-only).
+/// does) or above it (the directory is then that root's, read-only).
 fn world_writable(args: &SandboxArgs, in_world: bool) -> Vec<&'static str> {
+    let read_only = |dir: &&str| {
+        args.ro
+            .iter()
+            .any(|root| root.starts_with(dir) || Path::new(dir).starts_with(root))
+    };
     match in_world {
         true => WORLD_WRITE
             .iter()
             .copied()
-            .filter(|dir| !args.ro.iter().any(|root| root.starts_with(dir)))
+            .filter(|dir| !read_only(dir))
             .collect(),
         false => Vec::new(),
     }
@@ -1046,6 +1051,8 @@ mod tests {
             world_writable(&args(&["/tmp/docs"], &[]), true),
             ["/dev/shm"]
         );
+        assert!(world_writable(&args(&["/"], &[]), true).is_empty());
+        assert_eq!(world_writable(&args(&["/dev"], &[]), true), ["/tmp"]);
         // A path that merely starts with the same letters is not beneath.
         assert_eq!(
             world_writable(&args(&["/tmpfiles"], &[]), true),
