@@ -1033,7 +1033,7 @@ mod tests {
     use std::os::unix::ffi::OsStringExt as _;
 
     /// A world's `/tmp` and `/dev/shm` are writable only in a world, and
-    /// never where a read-only root lies beneath them.
+    /// never where a read-only root lies beneath them or holds them.
     #[test]
     fn only_a_world_s_own_directories_are_writable() {
         let args = |ro: &[&str], rw: &[&str]| SandboxArgs {
