@@ -1,6 +1,6 @@
 //! A command shares nothing with the daemon: tried as an agent would,
-//! with a grant of `sh`, `python3` and `cat`, `network = "deny"` and one
-//! rw root (bob's: `max_processes = 3`, `max_memory = "64 MiB"`,
+//! with a grant of `sh`, `python3` and `cat`, `network = "deny"`,
+//! `max_tmp = "8 MiB"` and one rw root (bob's: `max_processes = 3`, `max_memory = "64 MiB"`,
 //! `max_cpu = 0.25`), against the real binary. Each attack must fail, and the host
 //! must show it did (nothing changed, nothing left running). These run as
 //! the test's user — root in CI, as the demo daemon does.
@@ -38,12 +38,12 @@ virtual_path = "/workspace/main"
 id = "alice"
 principals = ["alice"]
 fileops = {{ main = "rw" }}
-shell = {{ commands = ["sh", "python3", "cat"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, network = "deny", persist = true, pty = true, max_processes = 12 }}
+shell = {{ commands = ["sh", "python3", "cat"], cwd_roots = ["main"], env_set = {{ PATH = "/usr/bin:/bin" }}, network = "deny", persist = true, pty = true, max_processes = 12, max_tmp = "8 MiB" }}
 
 [[grant]]
 id = "bob"
 principals = ["bob"]
-shell = {{ commands = ["sh", "python3"], env_set = {{ PATH = "/usr/bin:/bin", GITHUB_TOKEN = "{token}" }}, persist = true, max_processes = 3, max_memory = "64 MiB", max_cpu = 0.25 }}
+shell = {{ commands = ["sh", "python3", "df"], env_set = {{ PATH = "/usr/bin:/bin", GITHUB_TOKEN = "{token}" }}, persist = true, max_processes = 3, max_memory = "64 MiB", max_cpu = 0.25 }}
 "#,
         alice = key_b64(alice),
         bob = key_b64(bob),
@@ -238,6 +238,72 @@ async fn a_command_s_tmp_and_shm_are_its_own() {
     assert_eq!(stdout(&second), "", "{second}");
     assert!(!std::path::Path::new("/tmp").join(&name).exists());
     assert!(!std::path::Path::new("/dev/shm").join(&name).exists());
+}
+
+#[tokio::test]
+async fn a_command_cannot_fill_memory_through_its_tmp_or_shm() {
+    let Setup {
+        gw: _gw,
+        alice,
+        bob,
+    } = setup().await;
+    // Both are tmpfs, memory the host does not get back while the command
+    // lives. Bytes past the grant's `max_tmp` (8 MiB): ENOSPC, with what
+    // was written at most that.
+    for dir in ["/tmp", "/dev/shm"] {
+        let script = format!(
+            "dd if=/dev/zero of={dir}/fill bs=1M count=64 2>&1 | head -1; \
+             echo kib $(du -k {dir}/fill | cut -f1)"
+        );
+        let r = sh(&alice, &script).await;
+        let out = stdout(&r);
+        assert!(out.contains("No space left on device"), "{dir}: {r}");
+        let kib: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("kib "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{dir}: {r}"));
+        assert!(
+            (4096..=8192).contains(&kib),
+            "{dir}: {kib} KiB written: {r}"
+        );
+    }
+    // Empty files take no bytes but an inode each (about 1 KiB of kernel
+    // memory; the kernel's default allows millions): bounded too.
+    let program = "import errno, sys\n\
+        for d in ('/tmp', '/dev/shm'):\n\
+        \x20   n = 0\n\
+        \x20   try:\n\
+        \x20       while n < 200000:\n\
+        \x20           open(f'{d}/e{n}', 'w').close(); n += 1\n\
+        \x20   except OSError as e:\n\
+        \x20       print(d, n, errno.errorcode[e.errno])\n\
+        \x20   else:\n\
+        \x20       print(d, n, 'no limit')";
+    let r = python(&alice, program).await;
+    let lines: Vec<&str> = stdout(&r).lines().collect();
+    assert_eq!(lines.len(), 2, "{r}");
+    for line in lines {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields.get(2), Some(&"ENOSPC"), "{r}");
+        let made: u64 = fields[1].parse().unwrap();
+        assert!((500..=1024).contains(&made), "{line}: {r}");
+    }
+    // Without `max_tmp`, the grant's `max_memory` (bob's 64 MiB) bounds each.
+    // (One process: bob's grant allows three.)
+    let r = bob
+        .request(
+            "shell.exec",
+            json!({"command": ["df", "-k", "/tmp", "/dev/shm"]}),
+        )
+        .await
+        .unwrap();
+    let sizes: Vec<&str> = stdout(&r)
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(sizes, ["65536", "65536"], "{r}");
 }
 
 #[tokio::test]

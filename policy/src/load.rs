@@ -378,6 +378,16 @@ impl Validator<'_> {
                 format!("grant `{grant}`: max_open_files must be at least 16 (a program needs a few to start)"),
             );
         }
+        if let Some(size) = &raw.max_tmp
+            && size.get_ref().0 == 0
+        {
+            self.error(
+                size.span(),
+                format!(
+                    "grant `{grant}`: max_tmp must be more than 0 (a tmpfs of size 0 is unbounded)"
+                ),
+            );
+        }
         let cpu_millis = raw.max_cpu.map(|cpu| {
             let value = *cpu.get_ref();
             if !(0.01..=4096.0).contains(&value) {
@@ -448,6 +458,7 @@ impl Validator<'_> {
             limits: ProcessLimits {
                 memory: raw.max_memory.map(|s| s.0),
                 file_size: raw.max_file_size.map(|s| s.0),
+                tmp: raw.max_tmp.map(|s| s.into_inner().0),
                 open_files: raw.max_open_files.map(Spanned::into_inner),
                 cpu_millis,
                 pids,

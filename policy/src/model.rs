@@ -117,6 +117,9 @@ pub struct ProcessLimits {
     pub memory: Option<u64>,
     /// Bytes one file may grow to (`RLIMIT_FSIZE`).
     pub file_size: Option<u64>,
+    /// Bytes each of a command's own `/tmp` and `/dev/shm` may hold
+    /// (otherwise `memory`, else the launcher's default).
+    pub tmp: Option<u64>,
     /// Open descriptors (`RLIMIT_NOFILE`).
     pub open_files: Option<u64>,
     /// Thousandths of a CPU the command's cgroup may use (`cpu.max`).

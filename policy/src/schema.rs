@@ -109,6 +109,8 @@ pub(crate) struct RawShell {
     #[serde(default)]
     pub max_file_size: Option<SizeValue>,
     #[serde(default)]
+    pub max_tmp: Option<Spanned<SizeValue>>,
+    #[serde(default)]
     pub max_open_files: Option<Spanned<u64>>,
     #[serde(default)]
     pub max_cpu: Option<Spanned<f64>>,

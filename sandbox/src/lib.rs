@@ -9,7 +9,7 @@
 //!
 //! Usage: `portcullis-sandbox [--nice N] [--cgroup DIR]… [--rw DIR]… [--ro DIR]…
 //! [--deny-network | --egress DIR] [--tty | --await-release [--stdin-null]] [--limit NAME=N]…
-//! [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
+//! [--tmp-size BYTES] [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
 //! [--cwd-follow-symlinks]] -- PROGRAM [ARG…]`; or
 //! `portcullis-sandbox --args-on-stdin [--world] [--deny-network | --egress
 //! DIR] [--rw DIR]… [--ro DIR]…`, which makes its session (with `--world`, the
@@ -26,8 +26,11 @@
 //! against their limits); with `--nice` the daemon's CPU priority back (a launcher
 //! started ahead of need waits at the lowest, see `pool.rs`); a session
 //! and process group of its own (so the daemon can end the whole group),
-//! with `--tty` its stdin as controlling terminal; the world. Inside it
-//! ([`Prepared`], [`confine`]): `no_new_privs` (no setuid gains) and a
+//! with `--tty` its stdin as controlling terminal; the world. Inside it:
+//! the world's own `/tmp` and `/dev/shm` sized (`--tmp-size`, see
+//! [`world::size_own_tmpfs`]) and the two capabilities bwrap left the
+//! launcher for that dropped; then ([`Prepared`], [`confine`])
+//! `no_new_privs` (no setuid gains) and a
 //! seccomp filter ([`filters::priority`]) that keeps the program from
 //! changing other processes' priority or limits; with `--cwd` the working
 //! directory, opened beneath its root as `file.*` requests open paths; the
@@ -73,7 +76,7 @@ mod world;
 
 pub use egress::{EGRESS_BRIDGE_TASKS, EGRESS_PROXY, EGRESS_SOCKET};
 
-pub use world::hidden_in_etc;
+pub use world::{DEFAULT_TMP_SIZE, hidden_in_etc};
 
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
@@ -141,6 +144,9 @@ pub struct SandboxArgs {
     env: Vec<(OsString, OsString)>,
     /// The working directory (otherwise the launcher's own).
     cwd: Option<WorkingDir>,
+    /// Bytes each of the world's own `/tmp` and `/dev/shm` may hold
+    /// (`--tmp-size`; otherwise [`DEFAULT_TMP_SIZE`]).
+    tmp_size: Option<u64>,
     /// What of `/etc` the command's world covers (`--hide`), when the
     /// daemon looked (`--etc-looked`); otherwise the launcher looks.
     hidden: Option<Vec<PathBuf>>,
@@ -188,6 +194,12 @@ impl SandboxArgs {
                 Some("--limit") => {
                     let arg = args.next().ok_or_else(|| usage("--limit needs NAME=N"))?;
                     parsed.limits.push(Limit::parse(&arg.to_string_lossy())?);
+                }
+                Some("--tmp-size") => {
+                    let arg = args.next().ok_or_else(|| usage("--tmp-size needs BYTES"))?;
+                    let bytes = arg.to_str().and_then(|n| n.parse().ok()).filter(|&n| n > 0);
+                    parsed.tmp_size =
+                        Some(bytes.ok_or_else(|| usage("--tmp-size needs BYTES, more than 0"))?);
                 }
                 Some("--env") => {
                     let name = args.next().ok_or_else(|| usage("--env needs NAME VALUE"))?;
@@ -242,7 +254,7 @@ impl SandboxArgs {
             }
         }
         Err(usage(
-            "usage: portcullis-sandbox [--nice N] [--cgroup DIR]... [--rw DIR]... [--ro DIR]... [--deny-network | --egress DIR] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]",
+            "usage: portcullis-sandbox [--nice N] [--cgroup DIR]... [--rw DIR]... [--ro DIR]... [--deny-network | --egress DIR] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--tmp-size BYTES] [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]",
         ))
     }
 }
@@ -588,6 +600,11 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
         Ok(args) => args,
         Err(e) => return refuse(e),
     };
+    if let Err(e) = world::size_own_tmpfs(&own_tmpfs(&args), args.tmp_size)
+        .and_then(|()| world::drop_capabilities())
+    {
+        return refuse(e);
+    }
     let confined = Prepared::new(false).and_then(|prepared| {
         // Best effort: inside, without capabilities, only the daemon's
         // renice of the whole group may give the priority back (pool.rs).
@@ -678,6 +695,18 @@ fn world_writable(args: &SandboxArgs, in_world: bool) -> Vec<&'static str> {
             .collect(),
         false => Vec::new(),
     }
+}
+
+/// The world's own tmpfs mounts ([`WORLD_WRITE`]): those no root covers,
+/// as a root equal to or above one does (bwrap binds roots after them).
+fn own_tmpfs(args: &SandboxArgs) -> Vec<&'static str> {
+    let covered =
+        |dir: &&str| (args.ro.iter().chain(&args.rw)).any(|root| Path::new(dir).starts_with(root));
+    WORLD_WRITE
+        .iter()
+        .copied()
+        .filter(|dir| !covered(dir))
+        .collect()
 }
 
 impl SandboxArgs {
@@ -1058,6 +1087,39 @@ mod tests {
             world_writable(&args(&["/tmpfiles"], &[]), true),
             ["/tmp", "/dev/shm"]
         );
+    }
+
+    #[test]
+    fn only_tmpfs_mounts_no_root_covers_are_sized() {
+        let args = |ro: &[&str], rw: &[&str]| SandboxArgs {
+            ro: ro.iter().map(PathBuf::from).collect(),
+            rw: rw.iter().map(PathBuf::from).collect(),
+            ..SandboxArgs::default()
+        };
+        assert_eq!(own_tmpfs(&args(&[], &[])), ["/tmp", "/dev/shm"]);
+        // A root beneath is bound onto the world's own tmpfs.
+        assert_eq!(
+            own_tmpfs(&args(&["/tmp/docs"], &["/dev/shm/x"])),
+            ["/tmp", "/dev/shm"]
+        );
+        // A root at or above one covers it with the host's directory.
+        assert_eq!(own_tmpfs(&args(&[], &["/tmp"])), ["/dev/shm"]);
+        assert_eq!(own_tmpfs(&args(&["/dev"], &[])), ["/tmp"]);
+        assert!(own_tmpfs(&args(&[], &["/"])).is_empty());
+        assert_eq!(own_tmpfs(&args(&["/tmpfiles"], &[])), ["/tmp", "/dev/shm"]);
+    }
+
+    #[test]
+    fn a_tmp_size_is_bytes_more_than_zero() {
+        let parse = |size: &str| {
+            let args = ["--tmp-size", size, "--", "/bin/true"];
+            SandboxArgs::parse(args.iter().map(OsString::from)).map(|a| a.tmp_size)
+        };
+        assert_eq!(parse("8388608").ok(), Some(Some(8 << 20)));
+        for bad in ["0", "-1", "8M", ""] {
+            let e = parse(bad).expect_err(bad).to_string();
+            assert!(e.contains("--tmp-size needs BYTES"), "{bad}: {e}");
+        }
     }
 
     proptest! {

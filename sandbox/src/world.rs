@@ -12,7 +12,8 @@
 //! `/etc` read-only with every entry that is not readable by all users
 //! covered (`shadow`, `gshadow`, SSH host keys, private keys, a policy file
 //! of mode 0640…) and `/etc/portcullis` empty; its granted roots at their
-//! host paths, read-only or read-write as granted; a private `/tmp`; a
+//! host paths, read-only or read-write as granted; a private `/tmp` and
+//! `/dev/shm`, each bounded in bytes and in files ([`size_own_tmpfs`]); a
 //! fresh `/proc` showing only its own processes; a minimal `/dev`. Nothing
 //! else: no `/run` (no admin socket, no credentials), no `/var`, no `/sys`,
 //! no home directories. Its hostname (a UTS namespace), SysV IPC and
@@ -172,6 +173,12 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("--as-pid-1"),
         flag("--cap-drop"),
         flag("ALL"),
+        // For the launcher inside to size its tmpfs mounts (bwrap cannot
+        // bound their files) and then drop both: see `drop_capabilities`.
+        flag("--cap-add"),
+        flag("CAP_SYS_ADMIN"),
+        flag("--cap-add"),
+        flag("CAP_SETPCAP"),
     ]);
     if args.deny_network || args.egress.is_some() {
         push(&[flag("--unshare-net")]);
@@ -199,6 +206,9 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("/proc"),
         flag("--dev"),
         flag("/dev"),
+        // Otherwise /dev/shm is a directory on /dev's tmpfs.
+        flag("--tmpfs"),
+        flag("/dev/shm"),
         flag("--tmpfs"),
         flag("/tmp"),
     ]);
@@ -227,6 +237,78 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
     }
     push(&[flag("--chdir"), flag("/")]);
     out
+}
+
+/// What a command's own `/tmp` and `/dev/shm` may each hold when the
+/// daemon does not say (`--tmp-size`).
+pub const DEFAULT_TMP_SIZE: u64 = 1 << 30;
+/// Files and directories an own tmpfs may hold: one per this many bytes of
+/// its size. A tmpfs's size bounds its pages, not its inodes (about 1 KiB
+/// of kernel memory each, empty files included), whose kernel default is
+/// half of RAM's pages: millions.
+const BYTES_PER_INODE: u64 = 16 << 10;
+/// Files and directories even the smallest own tmpfs may hold.
+const MIN_INODES: u64 = 1024;
+
+/// Sizes the world's own tmpfs mounts `dirs` (bwrap made them unbounded):
+/// `size` bytes each (default [`DEFAULT_TMP_SIZE`]) and one file per
+/// [`BYTES_PER_INODE`]. Writing past either fails with `ENOSPC`. A remount
+/// keeps what bwrap bound beneath them (roots below `/tmp`).
+pub(crate) fn size_own_tmpfs(dirs: &[&str], size: Option<u64>) -> Result<(), SetupError> {
+    let size = size.unwrap_or(DEFAULT_TMP_SIZE);
+    let options = format!(
+        "size={size},nr_inodes={}",
+        (size / BYTES_PER_INODE).max(MIN_INODES)
+    );
+    let flags = rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV;
+    for dir in dirs {
+        rustix::mount::mount_remount(*dir, flags, options.as_str())
+            .map_err(|e| SetupError::os("sizing the world's /tmp and /dev/shm", e.into()))?;
+    }
+    Ok(())
+}
+
+/// Gives up the capabilities bwrap left the launcher inside (in the
+/// world's user namespace; with them the program could unmount what
+/// covers `/etc`'s secrets), and checks with the kernel that none is left
+/// in any set: a launcher that cannot runs nothing.
+pub(crate) fn drop_capabilities() -> Result<(), SetupError> {
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    let os = |step| move |e: rustix::io::Errno| SetupError::os(step, e.into());
+    rustix::thread::clear_ambient_capability_set().map_err(os("the ambient capabilities"))?;
+    // CAP_SETPCAP last: dropping from the bounding set needs it.
+    for capability in [CapabilitySet::SYS_ADMIN, CapabilitySet::SETPCAP] {
+        rustix::thread::remove_capability_from_bounding_set(capability)
+            .map_err(os("the capability bounding set"))?;
+    }
+    let none = CapabilitySets {
+        effective: CapabilitySet::empty(),
+        permitted: CapabilitySet::empty(),
+        inheritable: CapabilitySet::empty(),
+    };
+    rustix::thread::set_capabilities(None, none).map_err(os("dropping capabilities"))?;
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|e| SetupError::os("/proc/self/status", e))?;
+    match capabilities_left(&status) {
+        None => Ok(()),
+        Some(line) => Err(SetupError::Namespaces(format!(
+            "the launcher inside kept capabilities ({line})"
+        ))),
+    }
+}
+
+/// The first of `/proc/self/status`' capability sets that is not empty,
+/// or one missing: `None` when the process has no capability at all.
+fn capabilities_left(status: &str) -> Option<String> {
+    const SETS: [&str; 5] = ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"];
+    SETS.iter().find_map(|set| {
+        let value = status.lines().find_map(|line| line.strip_prefix(set));
+        match value.map(str::trim) {
+            Some(hex) if !hex.is_empty() && hex.bytes().all(|b| b == b'0') => None,
+            Some(hex) => Some(format!("{set} {hex}")),
+            None => Some(format!("no {set} line")),
+        }
+    })
 }
 
 /// What the launcher inside the world is told.
@@ -639,6 +721,38 @@ pub(crate) fn probe() -> Result<(), SetupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_capability_in_any_set_is_found() {
+        let status = |bnd: &str, amb: Option<&str>| {
+            let mut text = format!(
+                "Name:\tx\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n\
+                 CapEff:\t0000000000000000\nCapBnd:\t{bnd}\n"
+            );
+            if let Some(amb) = amb {
+                text.push_str(&format!("CapAmb:\t{amb}\nNoNewPrivs:\t1\n"));
+            }
+            text
+        };
+        assert_eq!(
+            capabilities_left(&status("0000000000000000", Some("0000000000000000"))),
+            None
+        );
+        assert_eq!(
+            capabilities_left(&status("0000000000200000", Some("0000000000000000"))).as_deref(),
+            Some("CapBnd: 0000000000200000")
+        );
+        assert_eq!(
+            capabilities_left(&status("0000000000000000", Some("0000000000000100"))).as_deref(),
+            Some("CapAmb: 0000000000000100")
+        );
+        // A kernel that says nothing of a set is not taken as saying none.
+        assert_eq!(
+            capabilities_left(&status("0000000000000000", None)).as_deref(),
+            Some("no CapAmb: line")
+        );
+        assert!(capabilities_left(&status("", Some("0000000000000000"))).is_some());
+    }
 
     #[test]
     fn a_status_pipe_without_its_reader_says_the_gateway_is_gone() {

@@ -1122,6 +1122,12 @@ fn launcher_args(
             args.extend(["--limit".into(), format!("{name}={value}").into()]);
         }
     }
+    // The world's own /tmp and /dev/shm are memory: `max_tmp` bounds each,
+    // else `max_memory`, the operator's word on a command's memory.
+    let tmp = terms.limits.tmp.or(terms.limits.memory).filter(|&n| n > 0);
+    if let (true, Some(bytes)) = (world, tmp) {
+        args.extend(["--tmp-size".into(), bytes.to_string().into()]);
+    }
     if let Io::Piped { .. } = io {
         if let Some(nice) = restored_nice {
             args.extend(["--nice".into(), nice.to_string().into()]);
