@@ -307,6 +307,29 @@ async fn a_command_cannot_fill_memory_through_its_tmp_or_shm() {
 }
 
 #[tokio::test]
+async fn nothing_of_the_world_but_tmp_shm_and_roots_is_writable() {
+    let Setup { gw: _gw, alice, .. } = setup().await;
+    // The world's `/` and `/dev` are tmpfs mounts bwrap makes (unbounded,
+    // memory): Landlock must keep them, and everything the host lends,
+    // read-only.
+    let program = "import errno, os\n\
+        for d in ('/', '/dev', '/dev/pts', '/etc', '/usr', '/proc'):\n\
+        \x20   for what, make in (('file', lambda p: open(p, 'w').close()), ('dir', os.mkdir)):\n\
+        \x20       try:\n\
+        \x20           make(os.path.join(d, 'planted')); print(d, what, 'MADE')\n\
+        \x20       except OSError as e:\n\
+        \x20           print(d, what, errno.errorcode[e.errno])";
+    let r = python(&alice, program).await;
+    let out = stdout(&r);
+    assert_eq!(out.lines().count(), 12, "{r}");
+    assert!(!out.contains("MADE"), "{r}");
+    for line in out.lines() {
+        let refused = ["EACCES", "EROFS", "EPERM", "ENOENT"];
+        assert!(refused.iter().any(|e| line.ends_with(e)), "{line}: {r}");
+    }
+}
+
+#[tokio::test]
 async fn nothing_a_command_starts_outlives_it() {
     let Setup { gw: _gw, alice, .. } = setup().await;
     // setsid, a double fork and a new process group, each a sleeper; the
