@@ -1063,13 +1063,17 @@ mod tests {
 
     /// A world's `/tmp` and `/dev/shm` are writable only in a world, and
     /// never where a read-only root lies beneath them or holds them.
-    #[test]
-    fn only_a_world_s_own_directories_are_writable() {
-        let args = |ro: &[&str], rw: &[&str]| SandboxArgs {
+    /// A command's arguments with these roots, read-only and read-write.
+    fn args(ro: &[&str], rw: &[&str]) -> SandboxArgs {
+        SandboxArgs {
             ro: ro.iter().map(PathBuf::from).collect(),
             rw: rw.iter().map(PathBuf::from).collect(),
             ..SandboxArgs::default()
-        };
+        }
+    }
+
+    #[test]
+    fn only_a_world_s_own_directories_are_writable() {
         assert!(world_writable(&args(&[], &[]), false).is_empty());
         assert_eq!(world_writable(&args(&[], &[]), true), ["/tmp", "/dev/shm"]);
         assert_eq!(
@@ -1091,11 +1095,6 @@ mod tests {
 
     #[test]
     fn only_tmpfs_mounts_no_root_covers_are_sized() {
-        let args = |ro: &[&str], rw: &[&str]| SandboxArgs {
-            ro: ro.iter().map(PathBuf::from).collect(),
-            rw: rw.iter().map(PathBuf::from).collect(),
-            ..SandboxArgs::default()
-        };
         assert_eq!(own_tmpfs(&args(&[], &[])), ["/tmp", "/dev/shm"]);
         // A root beneath is bound onto the world's own tmpfs.
         assert_eq!(
