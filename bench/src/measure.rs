@@ -236,39 +236,24 @@ pub fn machine_busy_seconds() -> f64 {
 /// (`TCP_NODELAY`), between two threads of this process: the least any
 /// request and its answer cost here before either side does any work.
 pub fn loopback_round_trips(samples: usize) -> Result<Latencies, String> {
-    use std::io::{Read as _, Write as _};
     let fail = |e: std::io::Error| format!("loopback round trip: {e}");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(fail)?;
-    let addr = listener.local_addr().map_err(fail)?;
-    let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut socket, _) = listener.accept()?;
-        socket.set_nodelay(true)?;
-        let mut message = [0u8; 64];
-        loop {
-            match socket.read(&mut message)? {
-                0 => return Ok(()),
-                n => socket.write_all(&message[..n])?,
-            }
-        }
-    });
-    let mut socket = std::net::TcpStream::connect(addr).map_err(fail)?;
-    socket.set_nodelay(true).map_err(fail)?;
-    let mut latencies = Latencies::default();
-    let mut message = [7u8; 64];
-    // The first few wake a cold path: not counted.
-    for i in 0..samples + 100 {
-        let started = std::time::Instant::now();
-        socket.write_all(&message).map_err(fail)?;
-        socket.read_exact(&mut message).map_err(fail)?;
-        if i >= 100 {
-            latencies.push(started.elapsed());
-        }
+    let mut socket =
+        std::net::TcpStream::connect(listener.local_addr().map_err(fail)?).map_err(fail)?;
+    let (echoing, _) = listener.accept().map_err(fail)?;
+    for side in [&socket, &echoing] {
+        side.set_nodelay(true).map_err(fail)?;
     }
+    let echo = echo_thread(echoing.try_clone().map_err(fail)?, echoing);
+    let latencies = round_trips(
+        &mut socket.try_clone().map_err(fail)?,
+        &mut socket,
+        64,
+        samples,
+    );
     drop(socket);
-    echo.join()
-        .map_err(|_| "loopback round trip: the echo thread panicked".to_string())?
-        .map_err(fail)?;
-    Ok(latencies)
+    joined(echo, "loopback round trip")?;
+    latencies.map_err(fail)
 }
 
 /// One thread waking another that sleeps in the kernel, and being woken
@@ -277,35 +262,64 @@ pub fn loopback_round_trips(samples: usize) -> Result<Latencies, String> {
 /// request pays to reach the audit writer, asleep between group commits,
 /// and to be woken again once its entry is durable.
 pub fn thread_hand_offs(samples: usize) -> Result<Latencies, String> {
-    use std::io::{Read as _, Write as _};
     let fail = |e: std::io::Error| format!("thread hand-off: {e}");
-    let (mut from_here, mut to_other) = std::io::pipe().map_err(fail)?;
-    let (mut from_other, mut to_here) = std::io::pipe().map_err(fail)?;
-    let other = std::thread::spawn(move || -> std::io::Result<()> {
-        let mut byte = [0u8; 1];
+    let (from_here, mut to_other) = std::io::pipe().map_err(fail)?;
+    let (mut from_other, to_here) = std::io::pipe().map_err(fail)?;
+    let other = echo_thread(from_here, to_here);
+    let latencies = round_trips(&mut to_other, &mut from_other, 1, samples);
+    drop(to_other);
+    joined(other, "thread hand-off")?;
+    latencies.map_err(fail)
+}
+
+/// A thread that writes back to `to` what it reads from `from`, until
+/// the end of its input.
+fn echo_thread(
+    mut from: impl std::io::Read + Send + 'static,
+    mut to: impl std::io::Write + Send + 'static,
+) -> std::thread::JoinHandle<std::io::Result<()>> {
+    std::thread::spawn(move || {
+        let mut message = [0u8; 64];
         loop {
-            match from_here.read(&mut byte)? {
+            match from.read(&mut message)? {
                 0 => return Ok(()),
-                _ => to_here.write_all(&byte)?,
+                n => to.write_all(&message[..n])?,
             }
         }
-    });
+    })
+}
+
+/// `samples` round trips of a `bytes`-long message (at most 64) to an
+/// [`echo_thread`]: sent through `to`, back through `from`. The first
+/// hundred wake a cold path and are not counted.
+fn round_trips(
+    to: &mut impl std::io::Write,
+    from: &mut impl std::io::Read,
+    bytes: usize,
+    samples: usize,
+) -> std::io::Result<Latencies> {
     let mut latencies = Latencies::default();
-    let mut byte = [1u8; 1];
+    let mut message = [7u8; 64];
+    let message = &mut message[..bytes.min(64)];
     for i in 0..samples + 100 {
         let started = std::time::Instant::now();
-        to_other.write_all(&byte).map_err(fail)?;
-        from_other.read_exact(&mut byte).map_err(fail)?;
+        to.write_all(message)?;
+        from.read_exact(message)?;
         if i >= 100 {
             latencies.push(started.elapsed());
         }
     }
-    drop(to_other);
-    other
-        .join()
-        .map_err(|_| "thread hand-off: the other thread panicked".to_string())?
-        .map_err(fail)?;
     Ok(latencies)
+}
+
+/// How an [`echo_thread`] of the measurement `what` ended, once its
+/// input did.
+fn joined(thread: std::thread::JoinHandle<std::io::Result<()>>, what: &str) -> Result<(), String> {
+    match thread.join() {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("{what}: the echo thread: {e}")),
+        Err(_) => Err(format!("{what}: the echo thread panicked")),
+    }
 }
 
 /// Bytes allocated on disk to the files under `dir` (which may be in

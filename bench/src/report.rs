@@ -48,6 +48,32 @@ impl Row {
         }
     }
 
+    /// A row with no peer beside it: a floor, a limit, a figure of ours.
+    pub fn alone(
+        section: &'static str,
+        what: String,
+        unit: &'static str,
+        ours: Spread,
+        better: Better,
+        decimals: usize,
+    ) -> Self {
+        Self::new(
+            section,
+            what,
+            unit,
+            ours,
+            Spread::default(),
+            better,
+            decimals,
+        )
+    }
+
+    /// The row with `note` beside its figures.
+    pub fn noted(mut self, note: String) -> Self {
+        self.note = note;
+        self
+    }
+
     /// How many times better portcullis is (below 1: worse), when both
     /// sides were measured.
     fn advantage(&self) -> Option<f64> {

@@ -109,25 +109,18 @@ pub async fn sessions(
     memory.push(kib);
     time.push(cpu);
     let what = format!("memory per idle session, {count} sessions (gateway only)");
-    results.rows.push(Row::new(
+    results.rows.push(Row::alone(
         "Sessions",
         what,
         "KiB",
         memory,
-        Spread::default(),
         Better::Lower,
         1,
     ));
     let what = format!("server CPU per session ({count} sessions, gateway only)");
-    results.rows.push(Row::new(
-        "Sessions",
-        what,
-        "ms",
-        time,
-        Spread::default(),
-        Better::Lower,
-        2,
-    ));
+    results
+        .rows
+        .push(Row::alone("Sessions", what, "ms", time, Better::Lower, 2));
     Ok(())
 }
 
@@ -257,21 +250,21 @@ pub async fn exec(
         ),
     ];
     for (what, [p50, p99, cpu]) in limits {
-        let mut row = Row::new(
-            "Commands",
-            format!("{what}, p50"),
-            "ms",
-            p50,
-            Spread::default(),
-            Better::Lower,
-            2,
+        results.rows.push(
+            Row::alone(
+                "Commands",
+                format!("{what}, p50"),
+                "ms",
+                p50,
+                Better::Lower,
+                2,
+            )
+            .noted(format!(
+                "p99 {}; CPU per command, whole machine {} ms",
+                p99.show(2),
+                cpu.show(2)
+            )),
         );
-        row.note = format!(
-            "p99 {}; CPU per command, whole machine {} ms",
-            p99.show(2),
-            cpu.show(2)
-        );
-        results.rows.push(row);
     }
     exec_result(args, gateway, sshd, results).await
 }
@@ -354,7 +347,7 @@ async fn exec_result(
         }
         theirs.push(latencies.quantile_ms(0.5));
     }
-    let mut row = Row::new(
+    results.rows.push(Row::new(
         "Commands",
         "`shell.exec` with a 16 MiB result (one frame in 64 KiB records; ssh: the same output streamed), p50".into(),
         "ms",
@@ -362,9 +355,7 @@ async fn exec_result(
         theirs,
         Better::Lower,
         1,
-    );
-    row.note = format!("gateway CPU {} ms per exec", gateway_cpu.show(1));
-    results.rows.push(row);
+    ).noted(format!("gateway CPU {} ms per exec", gateway_cpu.show(1))));
     Ok(())
 }
 
@@ -612,15 +603,9 @@ pub async fn requests(
                 ),
             ];
             for (q, floor) in floors {
-                results.rows.push(Row::new(
-                    section,
-                    what(q),
-                    "ms",
-                    floor,
-                    Spread::default(),
-                    Better::Lower,
-                    3,
-                ));
+                results
+                    .rows
+                    .push(Row::alone(section, what(q), "ms", floor, Better::Lower, 3));
             }
         }
         // The chart is of small requests (stat) only.
@@ -950,22 +935,20 @@ pub async fn bulk(
         "dd oflag=direct (to disk, no page cache)",
     ] {
         let what = format!("{size} physical limit: {limit}");
-        results.rows.push(Row::new(
+        results.rows.push(Row::alone(
             section,
             what,
             "MB/s",
             rate(limit),
-            Spread::default(),
             Better::Higher,
             0,
         ));
     }
-    results.rows.push(Row::new(
+    results.rows.push(Row::alone(
         section,
         format!("{size} physical limit: loopback TCP, one connection (a plain socket copy)"),
         "MB/s",
         loopback,
-        Spread::default(),
         Better::Higher,
         0,
     ));
@@ -977,21 +960,21 @@ pub async fn bulk(
     ] {
         let Some(i) = index(name) else { continue };
         let [gateway_cpu, client_cpu] = &cpu[i];
-        let mut row = Row::new(
-            section,
-            format!("{size} `{name}`: CPU seconds per GiB, gateway + client"),
-            "s",
-            sum_of(gateway_cpu, client_cpu),
-            Spread::default(),
-            Better::Lower,
-            2,
+        results.rows.push(
+            Row::alone(
+                section,
+                format!("{size} `{name}`: CPU seconds per GiB, gateway + client"),
+                "s",
+                sum_of(gateway_cpu, client_cpu),
+                Better::Lower,
+                2,
+            )
+            .noted(format!(
+                "gateway {}, client {}",
+                gateway_cpu.show(2),
+                client_cpu.show(2)
+            )),
         );
-        row.note = format!(
-            "gateway {}, client {}",
-            gateway_cpu.show(2),
-            client_cpu.show(2)
-        );
-        results.rows.push(row);
     }
     Ok(())
 }
@@ -1111,19 +1094,20 @@ pub async fn dial(
     let [out50, in50, out99, in99] = figures;
     let note = "compared column: the same gateway, dialed in (not OpenSSH)";
     for (q, out, inward) in [("p50", out50, in50), ("p99", out99, in99)] {
-        let mut row = Row::new(
-            "Dial-out",
-            format!(
-                "file.stat round trip over the connection the gateway dialed, 1 in flight, {q}"
-            ),
-            "ms",
-            out,
-            inward,
-            Better::Lower,
-            3,
+        results.rows.push(
+            Row::new(
+                "Dial-out",
+                format!(
+                    "file.stat round trip over the connection the gateway dialed, 1 in flight, {q}"
+                ),
+                "ms",
+                out,
+                inward,
+                Better::Lower,
+                3,
+            )
+            .noted(note.into()),
         );
-        row.note = note.into();
-        results.rows.push(row);
     }
     Ok(())
 }
@@ -1258,17 +1242,18 @@ pub async fn python(
             0,
         ),
     ] {
-        let mut row = Row::new(
-            "Python client",
-            format!("{what}: the Python package vs the Rust client"),
-            unit,
-            python,
-            rust,
-            better,
-            decimals,
+        results.rows.push(
+            Row::new(
+                "Python client",
+                format!("{what}: the Python package vs the Rust client"),
+                unit,
+                python,
+                rust,
+                better,
+                decimals,
+            )
+            .noted(note.into()),
         );
-        row.note = note.into();
-        results.rows.push(row);
     }
     Ok(())
 }
@@ -1401,17 +1386,18 @@ pub async fn envproto(
             ("shell.exec `/bin/true`", exec, direct_exec.clone()),
             ("file.stat", stat, direct_stat.clone()),
         ] {
-            let mut row = Row::new(
-                "ya-environment-protocol.v1",
-                format!("{what} over {transport}, JSON-RPC, 1 in flight, p50"),
-                "ms",
-                ours,
-                theirs,
-                Better::Lower,
-                3,
+            results.rows.push(
+                Row::new(
+                    "ya-environment-protocol.v1",
+                    format!("{what} over {transport}, JSON-RPC, 1 in flight, p50"),
+                    "ms",
+                    ours,
+                    theirs,
+                    Better::Lower,
+                    3,
+                )
+                .noted(note.into()),
             );
-            row.note = note.into();
-            results.rows.push(row);
         }
     }
     Ok(())
@@ -1482,7 +1468,7 @@ pub async fn mcp(
             "stat" => "`stat`",
             _ => "`run_command` `/bin/true`",
         };
-        let mut row = Row::new(
+        results.rows.push(Row::new(
             "MCP",
             format!(
                 "an MCP tool call, {what} (relay {method}), over `portcullis mcp` on stdio, 1 in flight, p50"
@@ -1492,9 +1478,7 @@ pub async fn mcp(
             theirs,
             Better::Lower,
             3,
-        );
-        row.note = "compared column: the same relay request on an open relay.v1 session, dialed in (not OpenSSH)".into();
-        results.rows.push(row);
+        ).noted("compared column: the same relay request on an open relay.v1 session, dialed in (not OpenSSH)".into()));
     }
     Ok(())
 }
@@ -1580,7 +1564,7 @@ pub async fn output(args: &Args, gateway: &Gateway, results: &mut Results) -> Re
             1,
         ),
     ] {
-        let mut row = Row::new(
+        results.rows.push(Row::new(
             "Command output",
             format!(
                 "a command printing {} MiB (shell.start): {what}, binary chunks (frames beside)",
@@ -1591,11 +1575,9 @@ pub async fn output(args: &Args, gateway: &Gateway, results: &mut Results) -> Re
             theirs,
             Better::Higher,
             decimals,
-        );
-        row.note = note.into();
-        results.rows.push(row);
+        ).noted(note.into()));
     }
-    results.rows.push(Row::new(
+    results.rows.push(Row::alone(
         "Command output",
         format!(
             "physical limit: the same command here, into /dev/null ({} MiB)",
@@ -1603,7 +1585,6 @@ pub async fn output(args: &Args, gateway: &Gateway, results: &mut Results) -> Re
         ),
         "MB/s",
         alone,
-        Spread::default(),
         Better::Higher,
         0,
     ));
@@ -1625,14 +1606,13 @@ pub async fn audit_size(gateway: Gateway, results: &mut Results) -> Result<(), S
         measure::disk_usage(&state).map_err(|e| format!("the size of {}: {e}", state.display()))?;
     let mut ours = Spread::default();
     ours.push(bytes as f64 / entries);
-    results.rows.push(Row::new(
+    results.rows.push(Row::alone(
         "Audit log",
         format!(
             "disk per audit entry: the gateway's state directory once stopped, over the {entries:.0} entries of this run"
         ),
         "B",
         ours,
-        Spread::default(),
         Better::Lower,
         0,
     ));
