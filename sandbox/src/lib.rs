@@ -27,8 +27,8 @@
 //! started ahead of need waits at the lowest, see `pool.rs`); a session
 //! and process group of its own (so the daemon can end the whole group),
 //! with `--tty` its stdin as controlling terminal; the world. Inside it:
-//! the world's own `/tmp` and `/dev/shm` sized (`--tmp-size`, see
-//! [`world::size_own_tmpfs`]) and the two capabilities bwrap left the
+//! the world's own `/tmp` and `/dev/shm` mounted, bounded (`--tmp-size`,
+//! see [`world::mount_own_tmpfs`]), and the two capabilities bwrap left the
 //! launcher for that dropped; then ([`Prepared`], [`confine`])
 //! `no_new_privs` (no setuid gains) and a
 //! seccomp filter ([`filters::priority`]) that keeps the program from
@@ -600,7 +600,8 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
         Ok(args) => args,
         Err(e) => return refuse(e),
     };
-    if let Err(e) = world::size_own_tmpfs(&own_tmpfs(&args), args.tmp_size)
+    let roots: Vec<PathBuf> = args.ro.iter().chain(&args.rw).cloned().collect();
+    if let Err(e) = world::mount_own_tmpfs(&own_tmpfs(&args), &roots, args.tmp_size)
         .and_then(|()| world::drop_capabilities())
     {
         return refuse(e);

@@ -13,7 +13,7 @@
 //! covered (`shadow`, `gshadow`, SSH host keys, private keys, a policy file
 //! of mode 0640…) and `/etc/portcullis` empty; its granted roots at their
 //! host paths, read-only or read-write as granted; a private `/tmp` and
-//! `/dev/shm`, each bounded in bytes and in files ([`size_own_tmpfs`]); a
+//! `/dev/shm`, each bounded in bytes and in files ([`mount_own_tmpfs`]); a
 //! fresh `/proc` showing only its own processes; a minimal `/dev`. Nothing
 //! else: no `/run` (no admin socket, no credentials), no `/var`, no `/sys`,
 //! no home directories. Its hostname (a UTS namespace), SysV IPC and
@@ -173,8 +173,8 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("--as-pid-1"),
         flag("--cap-drop"),
         flag("ALL"),
-        // For the launcher inside to size its tmpfs mounts (bwrap cannot
-        // bound their files) and then drop both: see `drop_capabilities`.
+        // For the launcher inside to mount its own /tmp and /dev/shm, then
+        // drop both: see `mount_own_tmpfs` and `drop_capabilities`.
         flag("--cap-add"),
         flag("CAP_SYS_ADMIN"),
         flag("--cap-add"),
@@ -206,9 +206,6 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("/proc"),
         flag("--dev"),
         flag("/dev"),
-        // Otherwise /dev/shm is a directory on /dev's tmpfs.
-        flag("--tmpfs"),
-        flag("/dev/shm"),
         flag("--tmpfs"),
         flag("/tmp"),
     ]);
@@ -250,22 +247,76 @@ const BYTES_PER_INODE: u64 = 16 << 10;
 /// Files and directories even the smallest own tmpfs may hold.
 const MIN_INODES: u64 = 1024;
 
-/// Sizes the world's own tmpfs mounts `dirs` (bwrap made them unbounded):
-/// `size` bytes each (default [`DEFAULT_TMP_SIZE`]) and one file per
-/// [`BYTES_PER_INODE`]. Writing past either fails with `ENOSPC`. A remount
-/// keeps what bwrap bound beneath them (roots below `/tmp`).
-pub(crate) fn size_own_tmpfs(dirs: &[&str], size: Option<u64>) -> Result<(), SetupError> {
+/// Gives the world its own `/tmp` and `/dev/shm` (`dirs`, those no root
+/// covers), bounded: `size` bytes each (default [`DEFAULT_TMP_SIZE`]) and
+/// one file per [`BYTES_PER_INODE`]; writing past either fails with
+/// `ENOSPC`. bwrap cannot bound files, and a remount of its mounts is
+/// refused: for a daemon that is not root, bwrap nests a second user
+/// namespace (the one the launcher has its capabilities in) below the one
+/// that owns the mounts. So the launcher makes a mount namespace of its
+/// own, mounts fresh tmpfs over `dirs`, and binds the roots that bwrap
+/// bound beneath them (`roots`) back where they were.
+pub(crate) fn mount_own_tmpfs(
+    dirs: &[&str],
+    roots: &[PathBuf],
+    size: Option<u64>,
+) -> Result<(), SetupError> {
+    use rustix::mount::{MountFlags, MountPropagationFlags};
+    let os = |step| move |e: rustix::io::Errno| SetupError::os(step, e.into());
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .map_err(|e| SetupError::os("a mount namespace for /tmp", e.into()))?;
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    )
+    .map_err(os("a mount namespace for /tmp"))?;
+    // Opened in this namespace (a mount of another cannot be bound here)
+    // and before they are covered; the outermost only, as their binds
+    // bring what lies beneath. A root bwrap left out (missing) stays out.
+    let beneath = roots_beneath(dirs, roots);
+    let mut held = Vec::new();
+    for root in beneath {
+        let flags =
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC;
+        match rustix::fs::open(root, flags, rustix::fs::Mode::empty()) {
+            Ok(fd) => held.push((root, fd)),
+            Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(SetupError::os("a root below /tmp", e.into())),
+        }
+    }
     let size = size.unwrap_or(DEFAULT_TMP_SIZE);
-    let options = format!(
-        "size={size},nr_inodes={}",
-        (size / BYTES_PER_INODE).max(MIN_INODES)
-    );
-    let flags = rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV;
+    let files = (size / BYTES_PER_INODE).max(MIN_INODES);
+    let options = std::ffi::CString::new(format!("size={size},nr_inodes={files},mode=1777"))
+        .map_err(|e| SetupError::os("the tmpfs options", std::io::Error::other(e)))?;
     for dir in dirs {
-        rustix::mount::mount_remount(*dir, flags, options.as_str())
-            .map_err(|e| SetupError::os("sizing the world's /tmp and /dev/shm", e.into()))?;
+        let flags = MountFlags::NOSUID | MountFlags::NODEV;
+        rustix::mount::mount("tmpfs", *dir, "tmpfs", flags, options.as_c_str())
+            .map_err(os("mounting the world's /tmp and /dev/shm"))?;
+    }
+    for (root, fd) in held {
+        std::fs::create_dir_all(root).map_err(|e| SetupError::os("a root below /tmp", e))?;
+        let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        rustix::mount::mount_bind_recursive(source.as_str(), root)
+            .map_err(os("binding a root below /tmp"))?;
     }
     Ok(())
+}
+
+/// The roots strictly beneath one of `dirs`, outermost only (one beneath
+/// another comes with it).
+fn roots_beneath<'a>(dirs: &[&str], roots: &'a [PathBuf]) -> Vec<&'a PathBuf> {
+    let below = |root: &Path, dir: &Path| root != dir && root.starts_with(dir);
+    let beneath: Vec<&PathBuf> = roots
+        .iter()
+        .filter(|root| dirs.iter().any(|dir| below(root, Path::new(dir))))
+        .collect();
+    let mut outermost: Vec<&PathBuf> = beneath
+        .iter()
+        .copied()
+        .filter(|root| !beneath.iter().any(|other| below(root, other)))
+        .collect();
+    outermost.dedup();
+    outermost
 }
 
 /// Gives up the capabilities bwrap left the launcher inside (in the
@@ -721,6 +772,25 @@ pub(crate) fn probe() -> Result<(), SetupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_outermost_roots_beneath_tmp_are_bound_back() {
+        let roots: Vec<PathBuf> = [
+            "/tmp/a",
+            "/tmp/a/b",
+            "/tmp",
+            "/srv/x",
+            "/tmpfiles/y",
+            "/dev/shm/s",
+            "/tmp/c",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let beneath = roots_beneath(&["/tmp", "/dev/shm"], &roots);
+        assert_eq!(beneath, [&roots[0], &roots[5], &roots[6]]);
+        assert!(roots_beneath(&["/dev/shm"], &roots[..5]).is_empty());
+    }
 
     #[test]
     fn any_capability_in_any_set_is_found() {

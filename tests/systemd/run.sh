@@ -100,7 +100,7 @@ public_key = "$CLIENT_KEY"
 id = "agent"
 principals = ["agent"]
 fileops = { workspace = "rw" }
-shell = { commands = ["echo", "id", "sleep", "nice", "sh"], network = "deny", env_set = { PATH = "/usr/bin:/bin" }, max_processes = 3 }
+shell = { commands = ["echo", "id", "sleep", "nice", "sh"], network = "deny", env_set = { PATH = "/usr/bin:/bin" }, max_processes = 3, max_tmp = "8 MiB" }
 tools = { allow = ["greet"] }
 
 [[grant]]
@@ -216,7 +216,14 @@ echo "$out" | grep -qi "resource temporarily unavailable\|cannot fork" \
   || die "the survivor probe failed"
 for _ in $(seq 1 50); do inside pgrep -f "sleep 301" >/dev/null || break; sleep 0.1; done
 inside pgrep -f "sleep 301" >/dev/null && die "a setsid process outlived its command"
-say "a command sees no admin socket, config, credentials or other environments; max_processes counts all its processes; nothing outlives it: ok"
+# Its /tmp and /dev/shm are its own and bounded (max_tmp), also as the
+# service user, for whom bwrap nests a second user namespace.
+out=$("$CLI" exec "$URL" "${C[@]}" -- sh -c \
+  'dd if=/dev/zero of=/tmp/fill bs=1M count=16 2>&1 | grep -o "No space left on device"; df -k /dev/shm | tail -1') \
+  || die "the /tmp probe failed: $out"
+echo "$out" | head -1 | grep -q "No space left on device" || die "16 MiB fit in /tmp under max_tmp = 8 MiB: $out"
+echo "$out" | tail -1 | awk '{exit !($2 == 8192)}' || die "/dev/shm is not 8 MiB: $out"
+say "a command sees no admin socket, config, credentials or other environments; max_processes counts all its processes; nothing outlives it; /tmp and /dev/shm are bounded by max_tmp: ok"
 # Under the unit the daemon has no cgroups (ProtectControlGroups) and no
 # setpriority (~@resources): launchers wait at the daemon's priority, the
 # journal says why, and a command runs at nice 0 and cannot change it.
