@@ -315,6 +315,8 @@ fn roots_beneath<'a>(dirs: &[&str], roots: &'a [PathBuf]) -> Vec<&'a PathBuf> {
         .copied()
         .filter(|root| !beneath.iter().any(|other| below(root, other)))
         .collect();
+    // A root granted twice (read-only and read-write) is bound once.
+    outermost.sort();
     outermost.dedup();
     outermost
 }
@@ -788,7 +790,13 @@ mod tests {
         .map(PathBuf::from)
         .collect();
         let beneath = roots_beneath(&["/tmp", "/dev/shm"], &roots);
-        assert_eq!(beneath, [&roots[0], &roots[5], &roots[6]]);
+        assert_eq!(beneath, [&roots[5], &roots[0], &roots[6]]);
+        let twice = [
+            PathBuf::from("/tmp/c"),
+            PathBuf::from("/tmp/d"),
+            PathBuf::from("/tmp/c"),
+        ];
+        assert_eq!(roots_beneath(&["/tmp"], &twice), [&twice[0], &twice[1]]);
         assert!(roots_beneath(&["/dev/shm"], &roots[..5]).is_empty());
     }
 
