@@ -76,7 +76,7 @@ mod world;
 
 pub use egress::{EGRESS_BRIDGE_TASKS, EGRESS_PROXY, EGRESS_SOCKET};
 
-pub use world::{DEFAULT_TMP_SIZE, hidden_in_etc};
+pub use world::hidden_in_etc;
 
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
@@ -145,7 +145,7 @@ pub struct SandboxArgs {
     /// The working directory (otherwise the launcher's own).
     cwd: Option<WorkingDir>,
     /// Bytes each of the world's own `/tmp` and `/dev/shm` may hold
-    /// (`--tmp-size`; otherwise [`DEFAULT_TMP_SIZE`]).
+    /// (`--tmp-size`; otherwise [`world::DEFAULT_TMP_SIZE`]).
     tmp_size: Option<u64>,
     /// What of `/etc` the command's world covers (`--hide`), when the
     /// daemon looked (`--etc-looked`); otherwise the launcher looks.
@@ -600,10 +600,7 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
         Ok(args) => args,
         Err(e) => return refuse(e),
     };
-    let roots: Vec<PathBuf> = args.ro.iter().chain(&args.rw).cloned().collect();
-    if let Err(e) = world::mount_own_tmpfs(&own_tmpfs(&args), &roots, args.tmp_size)
-        .and_then(|()| world::drop_capabilities())
-    {
+    if let Err(e) = world::mount_own_tmpfs(&args).and_then(|()| world::drop_capabilities()) {
         return refuse(e);
     }
     let confined = Prepared::new(false).and_then(|prepared| {
@@ -700,7 +697,7 @@ fn world_writable(args: &SandboxArgs, in_world: bool) -> Vec<&'static str> {
 
 /// The world's own tmpfs mounts ([`WORLD_WRITE`]): those no root covers,
 /// as a root equal to or above one does (bwrap binds roots after them).
-fn own_tmpfs(args: &SandboxArgs) -> Vec<&'static str> {
+pub(crate) fn own_tmpfs(args: &SandboxArgs) -> Vec<&'static str> {
     let covered =
         |dir: &&str| (args.ro.iter().chain(&args.rw)).any(|root| Path::new(dir).starts_with(root));
     WORLD_WRITE
@@ -1062,8 +1059,6 @@ mod tests {
     use proptest::prelude::*;
     use std::os::unix::ffi::OsStringExt as _;
 
-    /// A world's `/tmp` and `/dev/shm` are writable only in a world, and
-    /// never where a read-only root lies beneath them or holds them.
     /// A command's arguments with these roots, read-only and read-write.
     fn args(ro: &[&str], rw: &[&str]) -> SandboxArgs {
         SandboxArgs {
@@ -1073,6 +1068,8 @@ mod tests {
         }
     }
 
+    /// A world's `/tmp` and `/dev/shm` are writable only in a world, and
+    /// never where a read-only root lies beneath them or holds them.
     #[test]
     fn only_a_world_s_own_directories_are_writable() {
         assert!(world_writable(&args(&[], &[]), false).is_empty());
@@ -1095,7 +1092,7 @@ mod tests {
     }
 
     #[test]
-    fn only_tmpfs_mounts_no_root_covers_are_sized() {
+    fn only_tmpfs_mounts_no_root_covers_are_the_world_s_own() {
         assert_eq!(own_tmpfs(&args(&[], &[])), ["/tmp", "/dev/shm"]);
         // A root beneath is bound onto the world's own tmpfs.
         assert_eq!(

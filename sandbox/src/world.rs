@@ -238,7 +238,7 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
 
 /// What a command's own `/tmp` and `/dev/shm` may each hold when the
 /// daemon does not say (`--tmp-size`).
-pub const DEFAULT_TMP_SIZE: u64 = 1 << 30;
+pub(crate) const DEFAULT_TMP_SIZE: u64 = 1 << 30;
 /// Files and directories an own tmpfs may hold: one per this many bytes of
 /// its size. A tmpfs's size bounds its pages, not its inodes (about 1 KiB
 /// of kernel memory each, empty files included), whose kernel default is
@@ -247,20 +247,18 @@ const BYTES_PER_INODE: u64 = 16 << 10;
 /// Files and directories even the smallest own tmpfs may hold.
 const MIN_INODES: u64 = 1024;
 
-/// Gives the world its own `/tmp` and `/dev/shm` (`dirs`, those no root
-/// covers), bounded: `size` bytes each (default [`DEFAULT_TMP_SIZE`]) and
+/// Gives the world its own `/tmp` and `/dev/shm` (those no root covers,
+/// [`crate::own_tmpfs`]), bounded: `--tmp-size` bytes each (default
+/// [`DEFAULT_TMP_SIZE`]) and
 /// one file per [`BYTES_PER_INODE`]; writing past either fails with
 /// `ENOSPC`. bwrap cannot bound files, and a remount of its mounts is
 /// refused: for a daemon that is not root, bwrap nests a second user
 /// namespace (the one the launcher has its capabilities in) below the one
 /// that owns the mounts. So the launcher makes a mount namespace of its
-/// own, mounts fresh tmpfs over `dirs`, and binds the roots that bwrap
-/// bound beneath them (`roots`) back where they were.
-pub(crate) fn mount_own_tmpfs(
-    dirs: &[&str],
-    roots: &[PathBuf],
-    size: Option<u64>,
-) -> Result<(), SetupError> {
+/// own, mounts fresh tmpfs over them, and binds the roots that bwrap
+/// bound beneath them back where they were.
+pub(crate) fn mount_own_tmpfs(args: &SandboxArgs) -> Result<(), SetupError> {
+    let dirs = crate::own_tmpfs(args);
     use rustix::mount::{MountFlags, MountPropagationFlags};
     let os = |step| move |e: rustix::io::Errno| SetupError::os(step, e.into());
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
@@ -273,7 +271,7 @@ pub(crate) fn mount_own_tmpfs(
     // Opened in this namespace (a mount of another cannot be bound here)
     // and before they are covered; the outermost only, as their binds
     // bring what lies beneath. A root bwrap left out (missing) stays out.
-    let beneath = roots_beneath(dirs, roots);
+    let beneath = roots_beneath(&dirs, args.ro.iter().chain(&args.rw));
     let mut held = Vec::new();
     for root in beneath {
         let flags =
@@ -284,11 +282,11 @@ pub(crate) fn mount_own_tmpfs(
             Err(e) => return Err(SetupError::os("a root below /tmp", e.into())),
         }
     }
-    let size = size.unwrap_or(DEFAULT_TMP_SIZE);
+    let size = args.tmp_size.unwrap_or(DEFAULT_TMP_SIZE);
     let files = (size / BYTES_PER_INODE).max(MIN_INODES);
     let options = std::ffi::CString::new(format!("size={size},nr_inodes={files},mode=1777"))
         .map_err(|e| SetupError::os("the tmpfs options", std::io::Error::other(e)))?;
-    for dir in dirs {
+    for dir in &dirs {
         let flags = MountFlags::NOSUID | MountFlags::NODEV;
         rustix::mount::mount("tmpfs", *dir, "tmpfs", flags, options.as_c_str())
             .map_err(os("mounting the world's /tmp and /dev/shm"))?;
@@ -304,10 +302,9 @@ pub(crate) fn mount_own_tmpfs(
 
 /// The roots strictly beneath one of `dirs`, outermost only (one beneath
 /// another comes with it).
-fn roots_beneath<'a>(dirs: &[&str], roots: &'a [PathBuf]) -> Vec<&'a PathBuf> {
+fn roots_beneath<'a>(dirs: &[&str], roots: impl Iterator<Item = &'a PathBuf>) -> Vec<&'a PathBuf> {
     let below = |root: &Path, dir: &Path| root != dir && root.starts_with(dir);
     let beneath: Vec<&PathBuf> = roots
-        .iter()
         .filter(|root| dirs.iter().any(|dir| below(root, Path::new(dir))))
         .collect();
     let mut outermost: Vec<&PathBuf> = beneath
@@ -789,15 +786,18 @@ mod tests {
         .iter()
         .map(PathBuf::from)
         .collect();
-        let beneath = roots_beneath(&["/tmp", "/dev/shm"], &roots);
+        let beneath = roots_beneath(&["/tmp", "/dev/shm"], roots.iter());
         assert_eq!(beneath, [&roots[5], &roots[0], &roots[6]]);
         let twice = [
             PathBuf::from("/tmp/c"),
             PathBuf::from("/tmp/d"),
             PathBuf::from("/tmp/c"),
         ];
-        assert_eq!(roots_beneath(&["/tmp"], &twice), [&twice[0], &twice[1]]);
-        assert!(roots_beneath(&["/dev/shm"], &roots[..5]).is_empty());
+        assert_eq!(
+            roots_beneath(&["/tmp"], twice.iter()),
+            [&twice[0], &twice[1]]
+        );
+        assert!(roots_beneath(&["/dev/shm"], roots[..5].iter()).is_empty());
     }
 
     #[test]
