@@ -307,6 +307,27 @@ async fn a_command_cannot_fill_memory_through_its_tmp_or_shm() {
 }
 
 #[tokio::test]
+async fn a_command_cannot_unmount_or_mount_in_its_world() {
+    let Setup { gw: _gw, alice, .. } = setup().await;
+    // The launcher inside held CAP_SYS_ADMIN to mount /tmp and /dev/shm:
+    // none of it may reach the program. Unmounting would uncover bwrap's
+    // unbounded tmpfs below /tmp or what covers /etc/shadow; mounting
+    // would make an unbounded tmpfs.
+    let program = "import ctypes, errno, os\n\
+        libc = ctypes.CDLL(None, use_errno=True)\n\
+        for p in (b'/tmp', b'/dev/shm', b'/etc/shadow'):\n\
+        \x20   r = libc.umount2(p, 2)\n\
+        \x20   print('umount', p.decode(), 'DONE' if r == 0 else errno.errorcode[ctypes.get_errno()])\n\
+        r = libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)\n\
+        print('mount /tmp', 'DONE' if r == 0 else errno.errorcode[ctypes.get_errno()])";
+    let r = python(&alice, program).await;
+    let out = stdout(&r);
+    assert_eq!(out.lines().count(), 4, "{r}");
+    assert!(!out.contains("DONE"), "{r}");
+    assert!(out.lines().all(|l| l.ends_with("EPERM")), "{r}");
+}
+
+#[tokio::test]
 async fn nothing_of_the_world_but_tmp_shm_and_roots_is_writable() {
     let Setup { gw: _gw, alice, .. } = setup().await;
     // The world's `/` and `/dev` are tmpfs mounts bwrap makes (unbounded,
