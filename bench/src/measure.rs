@@ -272,6 +272,44 @@ pub fn thread_hand_offs(samples: usize) -> Result<Latencies, String> {
     latencies.map_err(fail)
 }
 
+/// The CPU one durable append costs the thread that makes it: a
+/// `bytes`-long write to the end of a new file in `dir` and its
+/// `fdatasync`, `samples` times (after a hundred not counted), in µs per
+/// append. What the audit writer spends on each group commit before any
+/// work of its own; at one request in flight every entry is a group.
+pub fn durable_append_cpu_us(
+    dir: &std::path::Path,
+    bytes: usize,
+    samples: usize,
+) -> Result<f64, String> {
+    use rustix::time::{ClockId, clock_gettime};
+    use std::io::Write as _;
+    let path = dir.join("bench-durable-append");
+    let fail = |e: std::io::Error| format!("durable append in {}: {e}", dir.display());
+    let mut file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .append(true)
+        .open(&path)
+        .map_err(fail)?;
+    let entry = vec![b'x'; bytes];
+    let thread_cpu = || {
+        let t = clock_gettime(ClockId::ThreadCPUTime);
+        t.tv_sec as f64 * 1e6 + t.tv_nsec as f64 / 1e3
+    };
+    let mut started = thread_cpu();
+    let appended = (0..samples + 100).try_for_each(|i| {
+        if i == 100 {
+            started = thread_cpu();
+        }
+        file.write_all(&entry)?;
+        file.sync_data()
+    });
+    let used = thread_cpu() - started;
+    let removed = std::fs::remove_file(&path);
+    appended.and(removed).map_err(fail)?;
+    Ok(used / samples.max(1) as f64)
+}
+
 /// A thread that writes back to `to` what it reads from `from`, until
 /// the end of its input.
 fn echo_thread(
