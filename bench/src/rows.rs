@@ -42,6 +42,26 @@ async fn each_timed(
     Ok((latencies, measure::machine_busy_seconds() - busy))
 }
 
+/// `one`, `samples` times with `pause` after each: latencies of what runs
+/// on an otherwise idle machine.
+async fn each_spaced(
+    samples: usize,
+    pause: Duration,
+    mut one: impl AsyncFnMut() -> Result<Duration, String>,
+) -> Result<Latencies, String> {
+    let mut latencies = Latencies::default();
+    for _ in 0..samples {
+        latencies.push(one().await?);
+        tokio::time::sleep(pause).await;
+    }
+    Ok(latencies)
+}
+
+/// Between spaced execs: long enough for the gateway's pool to build the
+/// next world (about 8 ms of wall time here) and for the machine to be
+/// idle when the next one starts.
+const EXEC_SPACING: Duration = Duration::from_millis(25);
+
 /// A shell script printing `bytes` bytes of text as fast as `yes` can.
 fn printing(bytes: u64) -> String {
     format!("yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c {bytes}")
@@ -195,24 +215,36 @@ pub async fn exec(
     // p50, p99 and machine CPU per command of: ours, ssh, the floor, the
     // launcher alone.
     let mut figures: [[Spread; 3]; 4] = Default::default();
+    // p50 and p99 of ours and ssh, spaced.
+    let mut spaced: [[Spread; 2]; 2] = Default::default();
+    let shell_exec_true = async || {
+        let started = Instant::now();
+        let result = client
+            .request("shell.exec", exec.clone())
+            .await
+            .map_err(|e| format!("shell.exec: {e}"))?;
+        match result["exit_code"] == 0 {
+            true => Ok(started.elapsed()),
+            false => Err(format!("shell.exec /bin/true: {result}")),
+        }
+    };
     for round in 0..args.rounds {
         eprintln!("exec true on an open session, round {}", round + 1);
-        let shell_exec = each_timed(args.samples, async || {
-            let started = Instant::now();
-            let result = client
-                .request("shell.exec", exec.clone())
-                .await
-                .map_err(|e| format!("shell.exec: {e}"))?;
-            match result["exit_code"] == 0 {
-                true => Ok(started.elapsed()),
-                false => Err(format!("shell.exec /bin/true: {result}")),
-            }
-        })
-        .await?;
+        let shell_exec = each_timed(args.samples, shell_exec_true).await?;
         let ssh = each_timed(args.samples, async || {
             timed(ssh_true(sshd.ssh_muxed()?)).await
         })
         .await?;
+        eprintln!("exec true on an open session, spaced, round {}", round + 1);
+        let ours_spaced = each_spaced(args.samples, EXEC_SPACING, shell_exec_true).await?;
+        let ssh_spaced = each_spaced(args.samples, EXEC_SPACING, async || {
+            timed(ssh_true(sshd.ssh_muxed()?)).await
+        })
+        .await?;
+        for (i, mut latencies) in [ours_spaced, ssh_spaced].into_iter().enumerate() {
+            spaced[i][0].push(latencies.quantile_ms(0.5));
+            spaced[i][1].push(latencies.quantile_ms(0.99));
+        }
         let spawned = each_timed(args.samples, async || {
             timed(Command::new("/bin/true")).await
         })
@@ -238,6 +270,21 @@ pub async fn exec(
             "ms",
             ours[i].clone(),
             theirs[i].clone(),
+            Better::Lower,
+            2,
+        ));
+    }
+    let [ours_spaced, ssh_spaced] = spaced;
+    for (i, q) in ["p50", "p99"].iter().enumerate() {
+        results.rows.push(Row::new(
+            "Commands",
+            format!(
+                "{what}, one every {} ms (the pool's next world built meanwhile), {q}",
+                EXEC_SPACING.as_millis()
+            ),
+            "ms",
+            ours_spaced[i].clone(),
+            ssh_spaced[i].clone(),
             Better::Lower,
             2,
         ));
