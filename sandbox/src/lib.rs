@@ -12,10 +12,11 @@
 //! [--tmp-size BYTES] [--skip MECHANISM]… [--env NAME VALUE]… [--cwd ROOT PATH
 //! [--cwd-follow-symlinks]] -- PROGRAM [ARG…]`; or
 //! `portcullis-sandbox --args-on-stdin [--world] [--deny-network | --egress
-//! DIR] [--rw DIR]… [--ro DIR]…`, which makes its session (with `--world`, the
-//! command's world too) and then reads those arguments from stdin
-//! ([`encode_args`]) — how the daemon starts launchers ahead of need
-//! (`pool.rs`); or `portcullis-sandbox --probe`, which reports which
+//! DIR] [--rw DIR]… [--ro DIR]… [--tmp-size BYTES] [--skip MECHANISM]…`,
+//! which makes its session (with `--world`, the command's world too, and
+//! inside it all of the confinement that depends on the world alone) and
+//! then reads those arguments from stdin ([`encode_args`]) — how the
+//! daemon starts launchers ahead of need (`pool.rs`); or `portcullis-sandbox --probe`, which reports which
 //! mechanisms this host has (one `NAME=ok` or `NAME=REASON` line each); the
 //! daemon asks once. `--inside FD …` is the launcher bwrap starts inside a
 //! world, never the daemon.
@@ -26,15 +27,15 @@
 //! against their limits); with `--nice` the daemon's CPU priority back (a launcher
 //! started ahead of need waits at the lowest, see `pool.rs`); a session
 //! and process group of its own (so the daemon can end the whole group),
-//! with `--tty` its stdin as controlling terminal; the world. Inside it:
+//! with `--tty` its stdin as controlling terminal; the world. Inside it
+//! ([`confine_world`], which depends on the world alone and so runs before
+//! a launcher started ahead of need has its command):
 //! the world's own `/tmp` and `/dev/shm` mounted, bounded (`--tmp-size`,
 //! see [`world::mount_own_tmpfs`]), and the two capabilities bwrap left the
-//! launcher for that dropped; then ([`Prepared`], [`confine`])
+//! launcher for that dropped; then ([`Prepared`], [`restrict`])
 //! `no_new_privs` (no setuid gains) and a
 //! seccomp filter ([`filters::priority`]) that keeps the program from
-//! changing other processes' priority or limits; with `--cwd` the working
-//! directory, opened beneath its root as `file.*` requests open paths; the
-//! grant's rlimits, no core dumps and no raising of its CPU priority; a
+//! changing other processes' priority or limits; a
 //! Landlock ruleset: read and execute the system's program paths, read the
 //! granted `ro` roots, read and write the `rw` roots and, in its own world,
 //! that world's `/tmp` and `/dev/shm` ([`WORLD_WRITE`]), and (where the
@@ -44,14 +45,18 @@
 //! ([`filters::network`]) that refuses sockets of every family but
 //! `AF_UNIX`; with `--egress DIR` (an allow-list) a network namespace of
 //! its own too, whose one way out is the daemon's proxy (see [`egress`]);
-//! last the filter of calls no command needs
-//! ([`filters::hardening`]). If the host cannot enforce that (namespaces;
+//! the filter of calls no command needs ([`filters::hardening`]); last,
+//! with the command's arguments ([`settle`]), with `--cwd` the working
+//! directory, opened beneath its root as `file.*` requests open paths, and
+//! the grant's rlimits, no core dumps and no raising of its CPU priority.
+//! If the host cannot enforce that (namespaces;
 //! Landlock ABI 3, and 6 for the network; seccomp, which is never skipped)
 //! the launcher refuses to run the program — unless the daemon passed
 //! `--skip` for that mechanism, which it does only for a grant with
 //! `sandbox = "best_effort"` on a host whose probe said the mechanism is
 //! missing (and then records a warning in the audit entry). Without
-//! namespaces the launcher confines itself in place and execs the program.
+//! namespaces the launcher confines itself in place ([`restrict`], then
+//! [`settle`]) and execs the program.
 //!
 //! With `--await-release`, the last step before the program runs is to read
 //! one byte from stdin: the daemon sends [`RELEASE`] once the request's
@@ -195,12 +200,7 @@ impl SandboxArgs {
                     let arg = args.next().ok_or_else(|| usage("--limit needs NAME=N"))?;
                     parsed.limits.push(Limit::parse(&arg.to_string_lossy())?);
                 }
-                Some("--tmp-size") => {
-                    let arg = args.next().ok_or_else(|| usage("--tmp-size needs BYTES"))?;
-                    let bytes = arg.to_str().and_then(|n| n.parse().ok()).filter(|&n| n > 0);
-                    parsed.tmp_size =
-                        Some(bytes.ok_or_else(|| usage("--tmp-size needs BYTES, more than 0"))?);
-                }
+                Some("--tmp-size") => parsed.tmp_size = Some(tmp_size(args.next())?),
                 Some("--env") => {
                     let name = args.next().ok_or_else(|| usage("--env needs NAME VALUE"))?;
                     let value = args.next().ok_or_else(|| usage("--env needs NAME VALUE"))?;
@@ -225,21 +225,7 @@ impl SandboxArgs {
                     Some(cwd) => cwd.follow_symlinks = true,
                     None => return Err(usage("--cwd-follow-symlinks needs a --cwd before it")),
                 },
-                Some("--skip") => {
-                    let arg = args
-                        .next()
-                        .ok_or_else(|| usage("--skip needs a MECHANISM"))?;
-                    let name = arg.to_string_lossy();
-                    let mechanism = Mechanism::ALL
-                        .into_iter()
-                        .find(|m| m.name() == name)
-                        .ok_or_else(|| {
-                            usage(&format!(
-                                "--skip {name}: expected landlock, network or namespaces"
-                            ))
-                        })?;
-                    parsed.skip.push(mechanism);
-                }
+                Some("--skip") => parsed.skip.push(skipped(args.next())?),
                 Some("--") => {
                     parsed.command = args.collect();
                     return match parsed.command.is_empty() {
@@ -257,6 +243,29 @@ impl SandboxArgs {
             "usage: portcullis-sandbox [--nice N] [--cgroup DIR]... [--rw DIR]... [--ro DIR]... [--deny-network | --egress DIR] [--tty | --await-release [--stdin-null]] [--limit NAME=N]... [--tmp-size BYTES] [--skip MECHANISM]... [--env NAME VALUE]... [--cwd ROOT PATH [--cwd-follow-symlinks]] -- PROGRAM [ARG...]",
         ))
     }
+}
+
+/// `--tmp-size`'s value: bytes, more than 0 (a tmpfs of size 0 has none).
+fn tmp_size(arg: Option<OsString>) -> Result<u64, SetupError> {
+    let bytes = arg.as_ref().and_then(|n| n.to_str()?.parse().ok());
+    bytes
+        .filter(|&n| n > 0)
+        .ok_or_else(|| SetupError::Usage("--tmp-size needs BYTES, more than 0".into()))
+}
+
+/// `--skip`'s value: a mechanism's name.
+fn skipped(arg: Option<OsString>) -> Result<Mechanism, SetupError> {
+    let usage = |m: String| SetupError::Usage(m);
+    let name = arg.ok_or_else(|| usage("--skip needs a MECHANISM".into()))?;
+    let name = name.to_string_lossy();
+    Mechanism::ALL
+        .into_iter()
+        .find(|m| m.name() == name)
+        .ok_or_else(|| {
+            usage(format!(
+                "--skip {name}: expected landlock, network or namespaces"
+            ))
+        })
 }
 
 /// The launcher's `main`.
@@ -362,6 +371,11 @@ struct Layout {
     ro: Vec<PathBuf>,
     /// `--etc-looked` and `--hide`, as for a command.
     hidden: Option<Vec<PathBuf>>,
+    /// `--tmp-size` and `--skip`, as for a command: the world's own
+    /// `/tmp` and the confinement its launcher applies before it has the
+    /// command ([`confine_world`]).
+    tmp_size: Option<u64>,
+    skip: Vec<Mechanism>,
 }
 
 impl Layout {
@@ -369,7 +383,7 @@ impl Layout {
         let usage = || {
             SetupError::Usage(
                 "usage: portcullis-sandbox --args-on-stdin [--world] [--deny-network | --egress DIR] [--cgroup DIR]... \
-                 [--rw DIR]... [--ro DIR]... [--etc-looked [--hide PATH]...]"
+                 [--rw DIR]... [--ro DIR]... [--etc-looked [--hide PATH]...] [--tmp-size BYTES] [--skip MECHANISM]..."
                     .into(),
             )
         };
@@ -390,6 +404,8 @@ impl Layout {
                     let path = flags.next().ok_or_else(usage)?.into();
                     layout.hidden.get_or_insert_with(Vec::new).push(path);
                 }
+                Some("--tmp-size") => layout.tmp_size = Some(tmp_size(flags.next().cloned())?),
+                Some("--skip") => layout.skip.push(skipped(flags.next().cloned())?),
                 _ => return Err(usage()),
             }
         }
@@ -404,17 +420,24 @@ impl Layout {
             rw: self.rw.clone(),
             ro: self.ro.clone(),
             hidden: self.hidden.clone(),
+            tmp_size: self.tmp_size,
+            skip: self.skip.clone(),
             ..SandboxArgs::default()
         }
     }
 
-    /// Whether `args` ask for this world: never run a command in one made
-    /// for another grant.
+    /// Whether `args` ask for this world, confined as it is: never run a
+    /// command in one made for another grant.
     fn fits(&self, args: &SandboxArgs) -> bool {
+        let same_skip = |a: &[Mechanism], b: &[Mechanism]| {
+            a.iter().all(|m| b.contains(m)) && b.iter().all(|m| a.contains(m))
+        };
         self.deny_network == args.deny_network
             && self.egress == args.egress
             && self.rw == args.rw
             && self.ro == args.ro
+            && self.tmp_size == args.tmp_size
+            && same_skip(&self.skip, &args.skip)
     }
 }
 
@@ -538,8 +561,9 @@ fn run(args: SandboxArgs, raw: &[OsString], prepared: Prepared, in_own_session: 
             Err(e) => refuse(e),
         };
     }
-    if let Err(e) =
-        confine(&args, prepared.network_filtered, false).and_then(|()| args.release(prepared.null))
+    if let Err(e) = restrict(&args, prepared.network_filtered, false)
+        .and_then(|()| settle(&args))
+        .and_then(|()| args.release(prepared.null))
     {
         return refuse(e);
     }
@@ -561,12 +585,13 @@ fn run(args: SandboxArgs, raw: &[OsString], prepared: Prepared, in_own_session: 
 
 /// `--inside FD (ARGS… | --args-on-stdin LAYOUT…)`: the launcher bwrap
 /// starts as the first process of the command's world (see [`world`]). It
-/// confines itself as a launcher without namespaces would, then runs the
-/// program as its child and tells the launcher outside how it ended. Its
-/// stdin is that report's pipe; FD is the program's stdin. With
-/// `--args-on-stdin` it was started ahead of need and reads its arguments
-/// there, refusing any whose roots or network differ from its world's.
-/// (`--tty` was the outer launcher's to do.)
+/// confines itself as far as the world's layout says ([`confine_world`]),
+/// then as far as the command does ([`settle`]), runs the program as its
+/// child and tells the launcher outside how it ended. Its stdin is that
+/// report's pipe; FD is the program's stdin. With `--args-on-stdin` it was
+/// started ahead of need: it confines itself before it reads its arguments
+/// there, off the request's path, and refuses any whose world differs from
+/// its own. (`--tty` was the outer launcher's to do.)
 fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
     let status = match world::Status::open(stdin_fd) {
         Ok(status) if world::Status::reader_gone(&status) => {
@@ -575,49 +600,48 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
         Ok(status) => status,
         Err(e) => return refuse(e),
     };
-    let args = match rest.split_first() {
+    let confined = match rest.split_first() {
         Some((first, layout)) if first == "--args-on-stdin" => {
-            let layout = match Layout::parse(layout) {
-                Ok(layout) => layout,
-                Err(e) => return refuse(e),
-            };
-            match read_args() {
-                Ok(None) => return ExitCode::from(EXIT_SANDBOX),
-                Ok(Some(raw)) => {
-                    SandboxArgs::parse(raw.into_iter()).and_then(|args| match layout.fits(&args) {
-                        true => Ok(args),
-                        false => Err(SetupError::Namespaces(
-                            "this launcher's world was made for other roots or network".into(),
-                        )),
-                    })
+            Layout::parse(layout).and_then(|layout| {
+                let prepared = confine_world(&layout.args())?;
+                let Some(raw) = read_args()? else {
+                    return Ok(None);
+                };
+                let args = SandboxArgs::parse(raw.into_iter())?;
+                match layout.fits(&args) {
+                    true => Ok(Some((args, prepared))),
+                    false => Err(SetupError::Namespaces(
+                        "this launcher's world was made for other roots, network, /tmp or confinement"
+                            .into(),
+                    )),
                 }
-                Err(e) => Err(e),
-            }
+            })
         }
-        _ => SandboxArgs::parse(rest.iter().cloned()),
+        _ => SandboxArgs::parse(rest.iter().cloned()).and_then(|args| {
+            let prepared = confine_world(&args)?;
+            Ok(Some((args, prepared)))
+        }),
     };
-    let args = match args {
-        Ok(args) => args,
+    let (args, prepared) = match confined {
+        Ok(Some(confined)) => confined,
+        // The daemon exited (or dropped it) before it was needed.
+        Ok(None) => return ExitCode::from(EXIT_SANDBOX),
         Err(e) => return refuse(e),
     };
-    if let Err(e) = world::mount_own_tmpfs(&args).and_then(|()| world::drop_capabilities()) {
-        return refuse(e);
+    // Best effort: inside, without capabilities, only the daemon's renice
+    // of the whole group may give the priority back (pool.rs).
+    if let Some(nice) = args.nice {
+        let _ = rustix::process::setpriority_process(None, nice);
     }
-    let confined = Prepared::new(false).and_then(|prepared| {
-        // Best effort: inside, without capabilities, only the daemon's
-        // renice of the whole group may give the priority back (pool.rs).
-        if let Some(nice) = args.nice {
-            let _ = rustix::process::setpriority_process(None, nice);
-        }
-        confine(&args, prepared.network_filtered, true)?;
+    let ready = settle(&args).and_then(|()| {
         if args.egress.is_some() {
-            // After `confine`: the bridge's threads inherit its Landlock
-            // ruleset and seccomp filters.
+            // After `confine_world`: the bridge's threads inherit its
+            // Landlock ruleset and seccomp filters.
             egress::bridge()?;
         }
         args.release(prepared.null)
     });
-    if let Err(e) = confined {
+    if let Err(e) = ready {
         return refuse(e);
     }
     let Some((program, rest)) = args.command.split_first() else {
@@ -631,25 +655,27 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
     world::Status::run(status, command)
 }
 
-/// What depends on the command, in order: the working directory, the
-/// grant's rlimits (and no core dumps, no raising of CPU priority),
+/// What of a command's confinement depends on its world's layout only —
+/// its roots, network, `/tmp` size and the mechanisms a best-effort grant
+/// skips — in order: the world's own `/tmp` and `/dev/shm`, the
+/// capabilities bwrap left dropped, `no_new_privs` and the priority filter
+/// ([`Prepared`]), then [`restrict`]. All of it before the launcher reads
+/// anything of its command.
+fn confine_world(world: &SandboxArgs) -> Result<Prepared, SetupError> {
+    world::mount_own_tmpfs(world)?;
+    world::drop_capabilities()?;
+    let prepared = Prepared::new(false)?;
+    restrict(world, prepared.network_filtered, true)?;
+    Ok(prepared)
+}
+
 /// Landlock, the network's seccomp filter unless it was applied ahead
 /// (`network_filtered`), and the filter of calls no command needs
-/// ([`filters::hardening`]). `in_world`: the command runs in its own world,
-/// whose `/tmp` and `/dev/shm` are its own to write ([`WORLD_WRITE`]).
-fn confine(args: &SandboxArgs, network_filtered: bool, in_world: bool) -> Result<(), SetupError> {
-    if let Some(cwd) = &args.cwd {
-        change_dir(cwd)?;
-    }
-    let fixed = [(Limit::Core, 0), (Limit::Nice, 0)];
-    for (limit, value) in args.limits.iter().copied().chain(fixed) {
-        let rlimit = rustix::process::Rlimit {
-            current: Some(value),
-            maximum: Some(value),
-        };
-        rustix::process::setrlimit(limit.resource(), rlimit)
-            .map_err(|e| SetupError::os(limit.name(), e.into()))?;
-    }
+/// ([`filters::hardening`]): what depends on the grant's roots and
+/// network, not on the command. `in_world`: the command runs in its own
+/// world, whose `/tmp` and `/dev/shm` are its own to write
+/// ([`WORLD_WRITE`]).
+fn restrict(args: &SandboxArgs, network_filtered: bool, in_world: bool) -> Result<(), SetupError> {
     let deny_network = args.deny_network && args.applies(Mechanism::Network);
     if network_filtered && !deny_network {
         // The daemon's pool keeps the two kinds apart; never run a command
@@ -673,6 +699,26 @@ fn confine(args: &SandboxArgs, network_filtered: bool, in_world: bool) -> Result
     }
     filters::apply(filters::hardening())?;
     filters::apply(filters::no_clone3())
+}
+
+/// What depends on the command: its working directory, and the grant's
+/// rlimits with no core dumps and no raising of CPU priority. After
+/// [`restrict`]: the directory is opened beneath its root as Landlock
+/// allows, and the rlimits cannot hamper the confinement's own set-up.
+fn settle(args: &SandboxArgs) -> Result<(), SetupError> {
+    if let Some(cwd) = &args.cwd {
+        change_dir(cwd)?;
+    }
+    let fixed = [(Limit::Core, 0), (Limit::Nice, 0)];
+    for (limit, value) in args.limits.iter().copied().chain(fixed) {
+        let rlimit = rustix::process::Rlimit {
+            current: Some(value),
+            maximum: Some(value),
+        };
+        rustix::process::setrlimit(limit.resource(), rlimit)
+            .map_err(|e| SetupError::os(limit.name(), e.into()))?;
+    }
+    Ok(())
 }
 
 /// [`WORLD_WRITE`]'s directories for a command in its own world, except
@@ -936,7 +982,7 @@ fn network_rules(ruleset: Ruleset) -> Result<Ruleset, landlock::RulesetError> {
 }
 
 /// The confinement mechanisms a host may lack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mechanism {
     /// Landlock filesystem rules (ABI 3).
     Landlock,
@@ -1201,5 +1247,43 @@ mod tests {
         assert!(!layout.fits(&command(&[])));
         assert!(!layout.fits(&command(&["--deny-network"])));
         assert!(Layout::parse(&os(&["--world", "--egress"])).is_err());
+    }
+
+    /// A pool's launcher inside its world confines itself before it reads
+    /// its command: a command whose `/tmp` size or skipped mechanisms
+    /// differ would run confined as another grant's.
+    #[test]
+    fn a_world_fits_only_commands_of_its_own_tmp_and_confinement() {
+        let os = |items: &[&str]| items.iter().map(OsString::from).collect::<Vec<_>>();
+        let flags = ["--world", "--rw", "/w", "--tmp-size", "8388608"];
+        let layout = Layout::parse(&os(&[&flags[..], &["--skip", "landlock"]].concat())).unwrap();
+        assert_eq!(layout.args().tmp_size, Some(8 << 20));
+        assert_eq!(layout.args().skip, [Mechanism::Landlock]);
+        let command = |extra: &[&str]| {
+            let mut args = os(&["--rw", "/w"]);
+            args.extend(os(extra));
+            args.extend(os(&["--", "/bin/true"]));
+            SandboxArgs::parse(args.into_iter()).unwrap()
+        };
+        assert!(layout.fits(&command(&["--skip", "landlock", "--tmp-size", "8388608"])));
+        assert!(!layout.fits(&command(&["--skip", "landlock"])));
+        assert!(!layout.fits(&command(&["--skip", "landlock", "--tmp-size", "4096"])));
+        assert!(!layout.fits(&command(&["--tmp-size", "8388608"])));
+        let more = [
+            "--skip",
+            "landlock",
+            "--skip",
+            "network",
+            "--tmp-size",
+            "8388608",
+        ];
+        assert!(!layout.fits(&command(&more)));
+        for bad in [
+            &["--tmp-size", "0"][..],
+            &["--tmp-size"],
+            &["--skip", "seccomp"],
+        ] {
+            assert!(Layout::parse(&os(&[&["--world"][..], bad].concat())).is_err());
+        }
     }
 }

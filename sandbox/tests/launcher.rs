@@ -159,6 +159,91 @@ fn the_launcher_runs_the_program_only_once_released() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A launcher waiting in its world has confined itself before its command
+/// comes, as far as the world decides (no capabilities, `no_new_privs`,
+/// the seccomp filters; Landlock with them), so that a request does not
+/// wait for it; and it refuses a command whose world would differ — here
+/// in its `/tmp` size — rather than run it confined as another grant's.
+#[test]
+fn a_waiting_world_is_confined_before_its_command_comes() {
+    let dir = tempfile::Builder::new()
+        .prefix("portcullis-confined-")
+        .tempdir()
+        .unwrap();
+    let marker = dir.path().join("ran");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
+        .args(["--args-on-stdin", "--world", "--deny-network", "--rw"])
+        .arg(dir.path())
+        .args(["--tmp-size", "8388608"])
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The launcher inside: bwrap's child, the launcher's grandchild.
+    let parent_of = |pid: &str| -> Option<String> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let after_name = stat.rsplit_once(')')?.1;
+        after_name.split_whitespace().nth(1).map(str::to_string)
+    };
+    let launcher = child.id().to_string();
+    let started = std::time::Instant::now();
+    let status = loop {
+        let inside = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .find_map(|entry| {
+                let pid = entry.file_name().to_string_lossy().to_string();
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let grandparent = parent_of(&parent_of(&pid)?)?;
+                let is_inside = cmdline.split(|b| *b == 0).any(|arg| arg == b"--inside");
+                (is_inside && grandparent == launcher).then_some(pid)
+            });
+        let status =
+            inside.and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok());
+        match status {
+            Some(status) if status.contains("Seccomp:\t2") => break status,
+            _ if started.elapsed() > Duration::from_secs(10) => {
+                panic!("no confined launcher inside the world after 10 s: {status:?}")
+            }
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    for line in [
+        "NoNewPrivs:\t1",
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+    ] {
+        assert!(status.contains(line), "{line} while waiting:\n{status}");
+    }
+    let script = format!("touch {}", marker.display());
+    let args: Vec<OsString> = vec![
+        "--rw".into(),
+        dir.path().into(),
+        "--deny-network".into(),
+        "--tmp-size".into(),
+        "4096".into(),
+        "--".into(),
+        "/bin/sh".into(),
+        "-c".into(),
+        script.into(),
+    ];
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&encode_args(&args)).unwrap();
+    stdin.write_all(b"g").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("made for other roots, network, /tmp or confinement"),
+        "{out:?}"
+    );
+    assert!(!marker.exists(), "a command for another world ran");
+}
+
 /// A signal the daemon sends the command's process group before the
 /// program exists (it may: the client hears `started` once the release is
 /// written) is held by the launchers and ends the program once it runs:

@@ -576,6 +576,8 @@ async fn spawn(
                     ro: roots(terms, Mode::Ro),
                     network: network.world(),
                     hidden: hidden.clone(),
+                    tmp_size: world_tmp_size(terms),
+                    skip: skip.iter().map(|(mechanism, _)| *mechanism).collect(),
                 },
                 false => pool::Kind::Plain {
                     filtered: matches!(network, CommandNetwork::Empty) && !skip_network,
@@ -1122,10 +1124,7 @@ fn launcher_args(
             args.extend(["--limit".into(), format!("{name}={value}").into()]);
         }
     }
-    // The world's own /tmp and /dev/shm are memory: `max_tmp` bounds each,
-    // else `max_memory`, the operator's word on a command's memory.
-    let tmp = terms.limits.tmp.or(terms.limits.memory).filter(|&n| n > 0);
-    if let (true, Some(bytes)) = (world, tmp) {
+    if let (true, Some(bytes)) = (world, world_tmp_size(terms)) {
         args.extend(["--tmp-size".into(), bytes.to_string().into()]);
     }
     if let Io::Piped { .. } = io {
@@ -1151,6 +1150,13 @@ fn launcher_args(
     args.extend(["--".into(), program.into()]);
     args.extend(command_args.iter().map(OsString::from));
     args
+}
+
+/// The size of a command's own `/tmp` and `/dev/shm`, each (they are
+/// memory): `max_tmp`, else `max_memory`, the operator's word on a
+/// command's memory; else the launcher's default.
+fn world_tmp_size(terms: &ShellTerms) -> Option<u64> {
+    terms.limits.tmp.or(terms.limits.memory).filter(|&n| n > 0)
 }
 
 /// Processes of a command's world that are not the command's: the

@@ -8,10 +8,13 @@
 //! as its working directory, no rights beyond the daemon's. It builds the
 //! command's world while it waits (its namespaces and mounts, see the
 //! sandbox crate's `world.rs`, the slowest part of a start: about 8 ms),
-//! so the world's shape — the grant's roots and whether it has the
-//! network — is part of what the pool keys launchers by ([`Kind`]); what
-//! else depends on the request (environment, working directory, rlimits,
-//! Landlock) comes with the arguments. On a host without namespaces (a
+//! and inside it all the confinement that depends on the world alone:
+//! its own bounded `/tmp`, capabilities dropped, Landlock and the seccomp
+//! filters (about 2 ms more here, which a request used to wait for). So the
+//! world's shape — the grant's roots, whether it has the network, its
+//! `/tmp` size, what a best-effort grant goes without — is what the pool
+//! keys launchers by ([`Kind`]); what depends on the request (environment,
+//! working directory, rlimits) comes with the arguments. On a host without namespaces (a
 //! best-effort grant) the launcher waits without a world, and may apply
 //! the network's seccomp filter ahead ([`Kind::Plain`]). A command is
 //! never given a launcher of another kind: the launcher checks too. When
@@ -47,6 +50,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use portcullis_sandbox::Mechanism;
 use rustix::process::Pid;
 use tokio::process::{Child, Command};
 use tokio::runtime::Handle;
@@ -88,6 +92,11 @@ pub(super) enum Kind {
         /// What of `/etc` it covers: a new look makes a new kind, so no
         /// launcher built before it runs a command after it.
         hidden: Arc<[PathBuf]>,
+        /// Its own `/tmp` and `/dev/shm`'s size (`--tmp-size`), and what a
+        /// best-effort grant's commands go without (`--skip`): the
+        /// launcher inside mounts and confines itself before it is taken.
+        tmp_size: Option<u64>,
+        skip: Vec<Mechanism>,
     },
     /// No world (a host without namespaces); `filtered`: the network's
     /// seccomp filter applied ahead (`--deny-network`).
@@ -109,6 +118,8 @@ impl Kind {
                 ro,
                 network,
                 hidden,
+                tmp_size,
+                skip,
             } => {
                 flags.push("--world".into());
                 match (network, egress) {
@@ -131,6 +142,12 @@ impl Kind {
                 flags.push("--etc-looked".into());
                 for path in hidden.iter() {
                     flags.extend(["--hide".into(), path.into()]);
+                }
+                if let Some(bytes) = tmp_size {
+                    flags.extend(["--tmp-size".into(), bytes.to_string().into()]);
+                }
+                for mechanism in skip {
+                    flags.extend(["--skip".into(), mechanism.name().into()]);
                 }
             }
             Self::Plain { filtered: true } => flags.push("--deny-network".into()),
