@@ -14,6 +14,11 @@ use portcullis_sandbox::encode_args;
 /// on stdin, in a world of its own (without network, `root` read-write)
 /// when given a root, else without one.
 fn waiting_launcher(root: Option<&std::path::Path>) -> std::process::Child {
+    waiting_launcher_with(root, &[])
+}
+
+/// [`waiting_launcher`] with more of the world's layout (`--tmp-size`…).
+fn waiting_launcher_with(root: Option<&std::path::Path>, layout: &[&str]) -> std::process::Child {
     let mut launcher = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"));
     launcher.arg("--args-on-stdin");
     if let Some(root) = root {
@@ -22,6 +27,7 @@ fn waiting_launcher(root: Option<&std::path::Path>) -> std::process::Child {
             .arg(root);
     }
     launcher
+        .args(layout)
         .env_clear()
         .current_dir("/")
         .stdin(Stdio::piped())
@@ -171,17 +177,7 @@ fn a_waiting_world_is_confined_before_its_command_comes() {
         .tempdir()
         .unwrap();
     let marker = dir.path().join("ran");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis-sandbox"))
-        .args(["--args-on-stdin", "--world", "--deny-network", "--rw"])
-        .arg(dir.path())
-        .args(["--tmp-size", "8388608"])
-        .env_clear()
-        .current_dir("/")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = waiting_launcher_with(Some(dir.path()), &["--tmp-size", "8388608"]);
     // The launcher inside: bwrap's child, the launcher's grandchild.
     let parent_of = |pid: &str| -> Option<String> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
