@@ -16,9 +16,9 @@
 //! which makes its session (with `--world`, the command's world too, and
 //! inside it all of the confinement that depends on the world alone) and
 //! then reads those arguments from stdin ([`encode_args`]) — how the
-//! daemon starts launchers ahead of need (`pool.rs`); or `portcullis-sandbox --probe`, which reports which
-//! mechanisms this host has (one `NAME=ok` or `NAME=REASON` line each); the
-//! daemon asks once. `--inside FD …` is the launcher bwrap starts inside a
+//! daemon starts launchers ahead of need (`pool.rs`); or
+//! `portcullis-sandbox --probe`, which reports which mechanisms this host
+//! has (one `NAME=ok` or `NAME=REASON` line each); the daemon asks once. `--inside FD …` is the launcher bwrap starts inside a
 //! world, never the daemon.
 //!
 //! In order: a parent-death signal (the launcher, its world and the
