@@ -14,9 +14,9 @@
 //! world's shape — the grant's roots, whether it has the network, its
 //! `/tmp` size, what a best-effort grant goes without — is what the pool
 //! keys launchers by ([`Kind`]); what depends on the request (environment,
-//! working directory, rlimits) comes with the arguments. On a host without namespaces (a
-//! best-effort grant) the launcher waits without a world, and may apply
-//! the network's seccomp filter ahead ([`Kind::Plain`]). A command is
+//! working directory, rlimits) comes with the arguments. On a host without
+//! namespaces (a best-effort grant) the launcher waits without a world, and
+//! may apply the network's seccomp filter ahead ([`Kind::Plain`]). A command is
 //! never given a launcher of another kind: the launcher checks too. When
 //! the daemon exits, the idle launchers' stdin closes and they exit
 //! without running anything.
