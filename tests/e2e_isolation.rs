@@ -134,6 +134,15 @@ async fn the_daemon_s_socket_files_and_secrets_are_out_of_reach() {
     assert!(stdout(&r).ends_with("root"), "{r}");
 }
 
+/// Nothing the daemon, the launchers or bwrap held reaches the command:
+/// its stdin, stdout and stderr only.
+#[tokio::test]
+async fn a_command_inherits_no_descriptor_but_its_three() {
+    let Setup { gw: _gw, alice, .. } = setup().await;
+    let r = sh(&alice, "ls /proc/$$/fd | tr '\\n' ' '").await;
+    assert_eq!(stdout(&r), "0 1 2 ", "{r}");
+}
+
 #[tokio::test]
 async fn other_environments_are_invisible() {
     let Setup { gw, alice, bob } = setup().await;
@@ -607,7 +616,7 @@ async fn a_command_s_cgroup_carries_the_grant_s_limits_and_goes_with_it() {
         assert!(Instant::now() < deadline, "the command did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    // max_processes = 3 and the sandbox's three; 64 MiB; a quarter CPU.
+    // max_processes = 3 and the sandbox's four tasks; 64 MiB; a quarter CPU.
     let read = |controller: &str, files: &[&str]| {
         let dir = cgroup_dir(pid, controller).unwrap();
         let value = files
@@ -617,7 +626,7 @@ async fn a_command_s_cgroup_carries_the_grant_s_limits_and_goes_with_it() {
         (dir, value.trim().to_string())
     };
     let (pids_dir, pids) = read("pids", &["pids.max"]);
-    assert_eq!(pids, "6", "{}", pids_dir.display());
+    assert_eq!(pids, "7", "{}", pids_dir.display());
     assert!(
         pids_dir.to_string_lossy().contains("cmd-"),
         "{}",
@@ -665,6 +674,13 @@ async fn nothing_runs_on_when_the_daemon_is_killed() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The launchers, bwrap and worlds of this gateway, made for the
+    // commands or waiting in its pool, name its root.
+    let root = gw.dir.join("workspace").display().to_string();
+    assert!(
+        !processes_with(&root).is_empty(),
+        "no launcher names {root}"
+    );
     gw.signal("KILL");
     let deadline = Instant::now() + Duration::from_secs(5);
     while !processes_with(&marker).is_empty() {
@@ -672,6 +688,15 @@ async fn nothing_runs_on_when_the_daemon_is_killed() {
             Instant::now() < deadline,
             "outlived the daemon: {:#?}",
             common::ancestry_of(&marker)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Nor does any launcher or world it had, waiting or being made.
+    while !processes_with(&root).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "outlived the daemon: {:#?}",
+            processes_with(&root)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

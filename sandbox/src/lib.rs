@@ -281,16 +281,19 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Some("--args-on-stdin") => match die_with_the_daemon() {
-            Ok(()) => waiting(&args[1..]),
-            Err(e) => refuse(e),
-        },
+        Some("--args-on-stdin") => {
+            match die_with_the_daemon().and_then(|()| world::close_inherited(None)) {
+                Ok(()) => waiting(&args[1..]),
+                Err(e) => refuse(e),
+            }
+        }
         Some("--inside") => match args.get(1).and_then(|fd| fd.to_str()) {
             Some(stdin_fd) => inside(stdin_fd, &args[2..]),
             None => refuse(SetupError::Usage("--inside needs FD".into())),
         },
         _ => match SandboxArgs::parse(args.iter().cloned()).and_then(|parsed| {
             die_with_the_daemon()?;
+            world::close_inherited(None)?;
             Ok(parsed)
         }) {
             Ok(parsed) => match Prepared::new(false) {
@@ -303,8 +306,9 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
 }
 
 /// A launcher (the daemon's child) is killed when the daemon dies, even by
-/// SIGKILL: its world dies with it (bwrap's `--die-with-parent`), and so
-/// does the command, which must not run on unaudited. The signal comes
+/// SIGKILL: its world dies with it (the launcher inside watches for that,
+/// see `world.rs`), and so does the command, which must not run on
+/// unaudited. The signal comes
 /// when the *thread* that started the launcher ends, so the daemon starts
 /// launchers only from threads that live as long as it does (`pool.rs`).
 /// A daemon already gone (this process was adopted) is the same.
@@ -600,10 +604,21 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
         Ok(status) => status,
         Err(e) => return refuse(e),
     };
+    if let Err(e) = world::close_inherited(Some(&status)) {
+        return refuse(e);
+    }
+    // From the moment it is confined, this launcher (and the world with
+    // it) ends as soon as the outer launcher is gone.
+    let confine = |world: &SandboxArgs| {
+        confine_world(world).and_then(|prepared| {
+            world::Status::watch(&status)?;
+            Ok(prepared)
+        })
+    };
     let confined = match rest.split_first() {
         Some((first, layout)) if first == "--args-on-stdin" => {
             Layout::parse(layout).and_then(|layout| {
-                let prepared = confine_world(&layout.args())?;
+                let prepared = confine(&layout.args())?;
                 let Some(raw) = read_args()? else {
                     return Ok(None);
                 };
@@ -618,7 +633,7 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
             })
         }
         _ => SandboxArgs::parse(rest.iter().cloned()).and_then(|args| {
-            let prepared = confine_world(&args)?;
+            let prepared = confine(&args)?;
             Ok(Some((args, prepared)))
         }),
     };

@@ -42,15 +42,21 @@
 //! PID namespace with it: `setsid` and double-forks included. A SIGKILL to
 //! the group does the same at once.
 //!
-//! The chain of deaths when the daemon dies, even by SIGKILL: the launcher's
-//! parent-death signal (set before it does anything, see the crate's
-//! text), then bwrap's monitor's and the inner launcher's
-//! (`--die-with-parent`; bwrap sets the inner launcher's before exec). Its
-//! one gap is a monitor that died before the inner launcher's was set
-//! (bwrap's issue 633): the inner launcher then finds the status pipe
-//! without its reader and runs nothing ([`Status::reader_gone`]). bwrap's
-//! own init, which set its signal only after starting the program, was
-//! such a gap; so it is not used.
+//! The chain of deaths when the daemon dies, even by SIGKILL: the
+//! launcher's parent-death signal (set before it does anything, see the
+//! crate's text); then the launcher inside, which watches the status
+//! pipe from the moment it is confined and ends when its reader, the
+//! launcher outside, is gone ([`Status::watch`]), taking the world with
+//! it as its init; then bwrap's monitor, whose child that was. One that
+//! finds the reader gone when it starts runs nothing
+//! ([`Status::reader_gone`]). bwrap's own `--die-with-parent` is not
+//! used: its monitor, killed between making the world's first process and
+//! letting it go on, left that process waiting forever (bwrap's issue
+//! 633, at another step); with nothing tying the monitor to the
+//! launcher, it always lets it go on, and bwrap's write of that process
+//! to the launcher always has a reader ([`Held`]). bwrap's own init,
+//! which set its signal only after starting the program, was such a gap;
+//! so it is not used.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{Read as _, Write as _};
@@ -169,7 +175,6 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("--unshare-ipc"),
         flag("--unshare-pid"),
         flag("--unshare-uts"),
-        flag("--die-with-parent"),
         flag("--as-pid-1"),
         flag("--cap-drop"),
         flag("ALL"),
@@ -435,9 +440,9 @@ pub(crate) fn enter(args: &SandboxArgs, inner: Inner<'_>, hidden: &[PathBuf]) ->
     let _bwrap_info = held.pass_on();
     // The status comes when the program has ended, before the world's
     // teardown (its mounts and namespaces, about a millisecond of the
-    // kernel's time): this launcher ends at once, and bwrap's monitor and
-    // what is left of the world die with it (`--die-with-parent`; the
-    // world's init is exiting already, taking its PID namespace along).
+    // kernel's time): this launcher ends at once; the world's init is
+    // exiting already, taking its PID namespace along, and bwrap's
+    // monitor ends with it.
     if let Some(status) = Status::read(status_read) {
         return status.reproduce();
     }
@@ -466,6 +471,12 @@ struct Held {
     /// bwrap's `--info-fd`: this side, and bwrap's copy (inherited).
     info: std::io::PipeReader,
     info_for_bwrap: std::os::fd::OwnedFd,
+    /// A reader of the info pipe that bwrap inherits too, so that its
+    /// write of the world's first process never fails: were this launcher
+    /// gone by then, bwrap would die of it with that process waiting for
+    /// it forever. bwrap's monitor closes it once it waits for the world;
+    /// the launcher inside closes what it inherited ([`close_inherited`]).
+    info_kept_by_bwrap: std::os::fd::OwnedFd,
     /// bwrap's `--block-fd`: this side, and bwrap's copy (inherited).
     go: std::io::PipeWriter,
     go_for_bwrap: std::os::fd::OwnedFd,
@@ -486,6 +497,7 @@ impl Held {
         Ok(Self {
             signals,
             info_for_bwrap: inherited(info_write.as_fd())?,
+            info_kept_by_bwrap: inherited(info.as_fd())?,
             go_for_bwrap: inherited(go_read.as_fd())?,
             info,
             go,
@@ -512,10 +524,11 @@ impl Held {
             signals,
             mut info,
             info_for_bwrap,
+            info_kept_by_bwrap,
             mut go,
             go_for_bwrap,
         } = self;
-        drop((info_for_bwrap, go_for_bwrap));
+        drop((info_for_bwrap, info_kept_by_bwrap, go_for_bwrap));
         let first = child_pid(&mut info);
         if let Some(pid) = first
             .and_then(|pid| i32::try_from(pid).ok())
@@ -672,11 +685,8 @@ impl Status {
     }
 
     /// Whether the outer launcher, the status pipe's one reader, is gone
-    /// (the write end then polls as an error). Asked once bwrap has set
-    /// this process's parent-death signal, it closes the one gap in the
-    /// chain of deaths (see the module's text): had the daemon died before
-    /// that moment, and the outer launcher and bwrap's monitor with it,
-    /// the signal would be tied to whatever adopted this process.
+    /// (the write end then polls as an error): asked first thing, so that
+    /// a world whose launcher died while bwrap made it runs nothing.
     pub(crate) fn reader_gone(status: &std::fs::File) -> bool {
         use rustix::event::{PollFd, PollFlags, poll};
         let mut fds = [PollFd::new(status, PollFlags::OUT)];
@@ -690,6 +700,37 @@ impl Status {
                 .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL),
             Err(_) => true,
         }
+    }
+
+    /// The inner launcher's side: ends this process, and with it (the
+    /// world's init) every process in the world, as soon as the outer
+    /// launcher is gone — the daemon died (the outer launcher's
+    /// parent-death signal), or the launcher was killed on its own. A
+    /// thread waits for the status pipe's reader to go; started once
+    /// this process is confined, it is confined alike, and holds the
+    /// relayed signals blocked as the main thread still does.
+    pub(crate) fn watch(status: &std::fs::File) -> Result<(), SetupError> {
+        use rustix::event::{PollFd, PollFlags, poll};
+        let watched = status
+            .try_clone()
+            .map_err(|e| SetupError::os("the status pipe", e))?;
+        let watch = move || {
+            loop {
+                // No events asked: a pipe's write end polls as an error
+                // once its last reader is closed, and only then.
+                let mut fds = [PollFd::new(&watched, PollFlags::empty())];
+                match poll(&mut fds, None) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Ok(_) if fds[0].revents().is_empty() => continue,
+                    _ => std::process::exit(EXIT_SANDBOX.into()),
+                }
+            }
+        };
+        std::thread::Builder::new()
+            .name("outer-watch".into())
+            .spawn(watch)
+            .map(drop)
+            .map_err(|e| SetupError::os("a thread watching the outer launcher", e))
     }
 
     /// Ends this process the way the program ended.
@@ -721,6 +762,29 @@ impl Status {
             }
         }
     }
+}
+
+/// Closes every descriptor this launcher inherited beyond stdin, stdout,
+/// stderr and `keep` (the status pipe, inside a world), so that nothing
+/// else reaches the program: bwrap passes whatever it had on into the
+/// world (its copy of the info pipe's kept reader, the program's stdin
+/// before it is put on fd 0), and a daemon passes on whatever its own
+/// parent leaked to it. Called first thing, while this process owns
+/// nothing else. (`nix::unistd::close` takes a raw descriptor; what is
+/// closed here, nothing in this process holds.)
+pub(crate) fn close_inherited(keep: Option<&std::fs::File>) -> Result<(), SetupError> {
+    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map_err(|e| SetupError::os("/proc/self/fd", e))?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect();
+    // The listing's own descriptor is among them, closed by now.
+    for fd in open {
+        if fd > 2 && Some(fd) != keep.map(|file| file.as_raw_fd()) {
+            let _ = nix::unistd::close(fd);
+        }
+    }
+    Ok(())
 }
 
 /// Waits for the program (`pid`) to end, reaping whatever else ends

@@ -298,3 +298,124 @@ fn a_signal_sent_before_the_program_runs_ends_it() {
         );
     }
 }
+
+/// A launcher killed while it makes its world (as its parent-death signal
+/// kills it when the daemon dies, at any moment) leaves nothing behind:
+/// not bwrap's monitor, not the world's first process — which, had the
+/// monitor died before letting it go on, would wait for it forever.
+#[test]
+fn a_launcher_killed_while_making_its_world_leaves_nothing() {
+    let dir = tempfile::Builder::new()
+        .prefix("portcullis-killed-")
+        .tempdir()
+        .unwrap();
+    let mark = dir.path().to_str().unwrap().as_bytes().to_vec();
+    // Every process whose command line names this test's root.
+    let left = || -> Vec<rustix::process::Pid> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|entry| {
+                let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let names_it = cmdline.split(|b| *b == 0).any(|arg| arg == mark);
+                names_it
+                    .then(|| rustix::process::Pid::from_raw(pid))
+                    .flatten()
+            })
+            .collect()
+    };
+    // The look finds a world that is being made or waits: bwrap's
+    // monitor, the launcher inside.
+    let mut child = waiting_launcher(Some(dir.path()));
+    let started = std::time::Instant::now();
+    while left().len() < 2 && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let found = left();
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(found.len() >= 2, "no world found: {found:?}, {out:?}");
+    // Every 250 µs through the making of the world, then once it waits.
+    let moments = (0..=48)
+        .map(|n| n * 250)
+        .chain([15, 20, 30, 50, 80, 120, 200, 300].map(|ms| ms * 1000));
+    let mut killed = 0;
+    // Their stdin (where a waiting world reads its arguments) stays open:
+    // the world must end because its launcher did, not because that closed.
+    let mut stdins = Vec::new();
+    for after_us in moments {
+        let mut child = waiting_launcher(Some(dir.path()));
+        // Not read here: a survivor holding them would stall nothing.
+        drop((child.stdout.take(), child.stderr.take()));
+        // Taken before `wait`, which would close it.
+        stdins.push(child.stdin.take());
+        std::thread::sleep(Duration::from_micros(after_us));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        killed += 1;
+    }
+    // What is left must go on its own (the world's teardown takes a
+    // moment); anything still there after 5 s is killed here, and fails.
+    let started = std::time::Instant::now();
+    let mut survivors = left();
+    while !survivors.is_empty() && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+        survivors = left();
+    }
+    let described: Vec<String> = survivors
+        .iter()
+        .map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero()))
+                .unwrap_or_default();
+            let keep = |l: &&str| {
+                ["Name:", "State:", "PPid:", "NSpid:"]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+            };
+            status.lines().filter(keep).collect::<Vec<_>>().join(" ")
+        })
+        .collect();
+    for pid in &survivors {
+        let _ = rustix::process::kill_process(*pid, rustix::process::Signal::KILL);
+    }
+    drop(stdins);
+    assert!(
+        survivors.is_empty(),
+        "{killed} launchers killed while making their worlds left {} processes behind: {described:#?}",
+        survivors.len()
+    );
+}
+
+/// A descriptor the launcher's parent left open does not reach the
+/// program, in a world or not; nor does any the launchers or bwrap held.
+#[test]
+fn the_program_inherits_only_stdin_stdout_and_stderr() {
+    let dir = tempfile::Builder::new()
+        .prefix("portcullis-fds-")
+        .tempdir()
+        .unwrap();
+    // `dup` leaves out close-on-exec: the launcher inherits it.
+    let leaked = rustix::io::dup(std::fs::File::open("/dev/null").unwrap()).unwrap();
+    for world in [true, false] {
+        let mut child = waiting_launcher(world.then_some(dir.path()));
+        let mut args: Vec<OsString> = match world {
+            true => vec!["--rw".into(), dir.path().into(), "--deny-network".into()],
+            false => ["--skip", "namespaces"].map(OsString::from).to_vec(),
+        };
+        args.extend(["--await-release", "--stdin-null", "--"].map(OsString::from));
+        args.extend(["/bin/sh", "-c", "ls /proc/$$/fd | tr '\\n' ' '"].map(OsString::from));
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&encode_args(&args)).unwrap();
+        stdin.write_all(b"g").unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "world {world}: {out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "0 1 2 ",
+            "world {world} (fd {} leaked): {out:?}",
+            std::os::fd::AsRawFd::as_raw_fd(&leaked)
+        );
+    }
+}
