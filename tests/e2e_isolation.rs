@@ -651,6 +651,58 @@ async fn a_command_s_cgroup_carries_the_grant_s_limits_and_goes_with_it() {
     }
 }
 
+/// A command cgroup left by a daemon that is gone (one killed while its
+/// command somehow ran on) is emptied and removed when the next starts:
+/// what is in it runs unaudited.
+#[tokio::test]
+async fn a_gone_daemon_s_command_cgroups_are_emptied_at_the_next_start() {
+    // The gateway's v1 `pids` directories go beside this process's own
+    // cgroup (it starts in it); this host has that hierarchy, as CI's does.
+    let own = cgroup_dir(std::process::id(), "pids").unwrap();
+    let v1 = std::fs::read_to_string("/proc/self/cgroup")
+        .unwrap()
+        .lines()
+        .any(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|c| c == "pids"))
+        });
+    assert!(v1, "this test needs a v1 pids hierarchy");
+    // A pid no process has now: one that just ended.
+    let mut ended = std::process::Command::new("true").spawn().unwrap();
+    let gone = ended.id();
+    ended.wait().unwrap();
+    let stale = own.join(format!("portcullis-{gone}"));
+    let command = stale.join("cmd-left");
+    std::fs::create_dir_all(&command).unwrap();
+    let mut left = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    std::fs::write(command.join("cgroup.procs"), left.id().to_string()).unwrap();
+    let Setup { gw: _gw, .. } = setup().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut ended = None;
+    while (ended.is_none() || stale.exists()) && Instant::now() < deadline {
+        ended = ended.or(left.try_wait().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Reaped either way (a no-op kill if it was).
+    let _ = left.kill();
+    let _ = left.wait();
+    let removed = !stale.exists();
+    let _ = std::fs::remove_dir(&command);
+    let _ = std::fs::remove_dir(&stale);
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(
+        ended.and_then(|s| s.signal()),
+        Some(9),
+        "the process in {}",
+        command.display()
+    );
+    assert!(removed, "{} is still there", stale.display());
+}
+
 #[tokio::test]
 async fn nothing_runs_on_when_the_daemon_is_killed() {
     let Setup { gw, alice, .. } = setup().await;

@@ -424,7 +424,9 @@ fn enable_below(dir: &Path, controllers: &[Controller]) -> std::io::Result<()> {
 }
 
 /// Removes the v1 directories of daemons that are gone (`portcullis-PID`
-/// with no such process), with their empty command cgroups.
+/// with no such process), with their command cgroups: anything still in
+/// one (a command of a daemon that was killed, had it outlived it) is
+/// killed first, since nothing audits it any more.
 fn remove_stale(parent: &Path) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
@@ -439,6 +441,7 @@ fn remove_stale(parent: &Path) {
         }
         if let Ok(children) = std::fs::read_dir(entry.path()) {
             for child in children.flatten().filter(|c| c.path().is_dir()) {
+                kill_all(&[(child.path(), false, Vec::new())]);
                 let _ = std::fs::remove_dir(child.path());
             }
         }
