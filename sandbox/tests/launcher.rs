@@ -404,7 +404,8 @@ fn the_program_inherits_only_stdin_stdout_and_stderr() {
             false => ["--skip", "namespaces"].map(OsString::from).to_vec(),
         };
         args.extend(["--await-release", "--stdin-null", "--"].map(OsString::from));
-        args.extend(["/bin/sh", "-c", "ls /proc/$$/fd | tr '\\n' ' '"].map(OsString::from));
+        // No pipeline: the shell holds a pipe's ends while it starts one.
+        args.extend(["/bin/sh", "-c", "ls /proc/$$/fd; :"].map(OsString::from));
         let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(&encode_args(&args)).unwrap();
         stdin.write_all(b"g").unwrap();
@@ -413,9 +414,42 @@ fn the_program_inherits_only_stdin_stdout_and_stderr() {
         assert!(out.status.success(), "world {world}: {out:?}");
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
-            "0 1 2 ",
+            "0\n1\n2\n",
             "world {world} (fd {} leaked): {out:?}",
             std::os::fd::AsRawFd::as_raw_fd(&leaked)
         );
     }
+}
+
+/// What bwrap says when it cannot make the world reaches the launcher's
+/// stderr, before the launcher's own refusal: here it may not start the
+/// world's first process (a user of its own with `RLIMIT_NPROC` 2: the
+/// launcher and bwrap).
+#[test]
+fn bwrap_s_own_error_reaches_the_launcher_s_stderr() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test runs the launcher as another user: run the suite as root (as .ci/run does)"
+    );
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=61741",
+            "--regid=61741",
+            "--clear-groups",
+            "prlimit",
+            "--nproc=2",
+        ])
+        .arg(env!("CARGO_BIN_EXE_portcullis-sandbox"))
+        .args(["--rw", "/tmp", "--deny-network", "--", "/bin/true"])
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(stderr.starts_with("bwrap: "), "{stderr}");
+    assert!(
+        stderr.contains("bwrap could not set up the command's namespaces"),
+        "{stderr}"
+    );
 }
