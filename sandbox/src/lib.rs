@@ -282,7 +282,7 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("--args-on-stdin") => {
-            match die_with_the_daemon().and_then(|()| world::close_inherited(None)) {
+            match die_with_the_daemon().and_then(|()| close_inherited(None)) {
                 Ok(()) => waiting(&args[1..]),
                 Err(e) => refuse(e),
             }
@@ -293,7 +293,7 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
         },
         _ => match SandboxArgs::parse(args.iter().cloned()).and_then(|parsed| {
             die_with_the_daemon()?;
-            world::close_inherited(None)?;
+            close_inherited(None)?;
             Ok(parsed)
         }) {
             Ok(parsed) => match Prepared::new(false) {
@@ -303,6 +303,29 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
             Err(e) => refuse(e),
         },
     }
+}
+
+/// Closes every descriptor this launcher inherited beyond stdin, stdout,
+/// stderr and `keep` (the status pipe, inside a world), so that nothing
+/// else reaches the program: bwrap passes whatever it had on into the
+/// world (its copy of the info pipe's kept reader, the program's stdin
+/// before it is put on fd 0), and a daemon passes on whatever its own
+/// parent leaked to it. Called first thing, while this process owns
+/// nothing else. (`nix::unistd::close` takes a raw descriptor; what is
+/// closed here, nothing in this process holds.)
+fn close_inherited(keep: Option<&std::fs::File>) -> Result<(), SetupError> {
+    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map_err(|e| SetupError::os("/proc/self/fd", e))?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect();
+    // The listing's own descriptor is among them, closed by now.
+    for fd in open {
+        if fd > 2 && Some(fd) != keep.map(std::os::fd::AsRawFd::as_raw_fd) {
+            let _ = nix::unistd::close(fd);
+        }
+    }
+    Ok(())
 }
 
 /// A launcher (the daemon's child) is killed when the daemon dies, even by
@@ -604,7 +627,7 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
         Ok(status) => status,
         Err(e) => return refuse(e),
     };
-    if let Err(e) = world::close_inherited(Some(&status)) {
+    if let Err(e) = close_inherited(Some(&status)) {
         return refuse(e);
     }
     // From the moment it is confined, this launcher (and the world with

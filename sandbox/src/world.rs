@@ -475,7 +475,8 @@ struct Held {
     /// write of the world's first process never fails: were this launcher
     /// gone by then, bwrap would die of it with that process waiting for
     /// it forever. bwrap's monitor closes it once it waits for the world;
-    /// the launcher inside closes what it inherited ([`close_inherited`]).
+    /// the launcher inside closes what it inherited
+    /// ([`crate::close_inherited`]).
     info_kept_by_bwrap: std::os::fd::OwnedFd,
     /// bwrap's `--block-fd`: this side, and bwrap's copy (inherited).
     go: std::io::PipeWriter,
@@ -762,29 +763,6 @@ impl Status {
             }
         }
     }
-}
-
-/// Closes every descriptor this launcher inherited beyond stdin, stdout,
-/// stderr and `keep` (the status pipe, inside a world), so that nothing
-/// else reaches the program: bwrap passes whatever it had on into the
-/// world (its copy of the info pipe's kept reader, the program's stdin
-/// before it is put on fd 0), and a daemon passes on whatever its own
-/// parent leaked to it. Called first thing, while this process owns
-/// nothing else. (`nix::unistd::close` takes a raw descriptor; what is
-/// closed here, nothing in this process holds.)
-pub(crate) fn close_inherited(keep: Option<&std::fs::File>) -> Result<(), SetupError> {
-    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
-        .map_err(|e| SetupError::os("/proc/self/fd", e))?
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
-        .collect();
-    // The listing's own descriptor is among them, closed by now.
-    for fd in open {
-        if fd > 2 && Some(fd) != keep.map(|file| file.as_raw_fd()) {
-            let _ = nix::unistd::close(fd);
-        }
-    }
-    Ok(())
 }
 
 /// Waits for the program (`pid`) to end, reaping whatever else ends
