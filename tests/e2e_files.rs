@@ -819,6 +819,15 @@ async fn a_large_file_round_trips_with_matching_sha256() {
         size
     );
 
+    // Every other 8 MiB out of the page cache (on a disk; tmpfs keeps
+    // them): the stream reads some chunks on the runtime's worker and the
+    // rest on blocking threads.
+    let written = std::fs::File::open(gw.dir.join("workspace/big.bin")).unwrap();
+    written.sync_all().unwrap();
+    for start in (0..size).step_by(16 << 20) {
+        let len = std::num::NonZeroU64::new(8 << 20);
+        rustix::fs::fadvise(&written, start, len, rustix::fs::Advice::DontNeed).unwrap();
+    }
     let started = std::time::Instant::now();
     let (down, sink) = client
         .download(

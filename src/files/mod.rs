@@ -522,7 +522,9 @@ async fn read(
     cancel: CancellationToken,
     max_result: usize,
 ) -> Result<Value, ErrorBody> {
-    let stream = p.stream;
+    if p.stream {
+        return read_stream(file, p, sink, cancel).await;
+    }
     let op = move || {
         let root = open_root(&file)?;
         let (handle, size) = ops::open_read(&root, &file.path)?;
@@ -533,40 +535,6 @@ async fn read(
             "size": size,
             "offset": offset,
         });
-        if p.stream {
-            let want = p.length.unwrap_or(available).min(available);
-            let mut hasher = p.sha256.then(Sha256::new);
-            let mut sent = 0u64;
-            let mut progress = Progress::default();
-            while sent < want {
-                if cancel.is_cancelled() {
-                    return Err(FileError::Cancelled);
-                }
-                // The file is read straight into the record that carries it.
-                let left = usize::try_from(want - sent).unwrap_or(usize::MAX);
-                let mut chunk = sink.chunk_record(Channel::FileData, left);
-                let room = chunk.room();
-                let n = ops::read_at_into(&handle, offset + sent, room, chunk.buffer())?;
-                if n == 0 {
-                    break; // the file shrank meanwhile
-                }
-                if let Some(hasher) = &mut hasher {
-                    hasher.update(chunk.data());
-                }
-                sent += n as u64;
-                sink.record_blocking(chunk)
-                    .map_err(|_| FileError::Cancelled)?;
-                progress
-                    .tick(&sink, || json!({"bytes_sent": sent, "bytes_total": want}))
-                    .map_err(|_| FileError::Cancelled)?;
-            }
-            result["length"] = json!(sent);
-            if let Some(hasher) = hasher {
-                result["sha256"] = json!(hex::encode(hasher.finalize()));
-            }
-            result["eof"] = json!(offset + sent >= size);
-            return Ok(result);
-        }
         let want = p
             .length
             .unwrap_or(MAX_INLINE_READ as u64)
@@ -584,12 +552,77 @@ async fn read(
         result["eof"] = json!(offset + used as u64 >= size);
         Ok(result)
     };
-    // A stream waits for its reader: never on a quick thread.
-    if stream {
-        blocking(op).await
-    } else {
-        files.quick(op).await
+    files.quick(op).await
+}
+
+/// `file.read` with `stream`: the file is opened on a blocking thread,
+/// then read chunk by chunk, each straight into the record that carries
+/// it — on the runtime's worker when the page cache has the bytes
+/// ([`ops::read_cached_into`]), else on a blocking thread — so a cached
+/// file goes out without a hand-off between threads per chunk. A stream
+/// waits for its reader: never on a quick thread.
+async fn read_stream(
+    file: FileTerms,
+    p: ReadParams,
+    sink: StreamSink,
+    cancel: CancellationToken,
+) -> Result<Value, ErrorBody> {
+    let (handle, size, path) = blocking(move || {
+        let root = open_root(&file)?;
+        let (handle, size) = ops::open_read(&root, &file.path)?;
+        Ok((Arc::new(handle), size, root.virtual_path(&file.path)))
+    })
+    .await?;
+    let offset = p.offset.min(size);
+    let want = p.length.unwrap_or(size - offset).min(size - offset);
+    let mut hasher = p.sha256.then(Sha256::new);
+    let mut sent = 0u64;
+    let mut progress = Progress::default();
+    let gone = |_| error_body(FileError::Cancelled);
+    while sent < want {
+        if cancel.is_cancelled() {
+            return Err(error_body(FileError::Cancelled));
+        }
+        let left = usize::try_from(want - sent).unwrap_or(usize::MAX);
+        let mut chunk = sink.chunk_record(Channel::FileData, left);
+        let (room, at) = (chunk.room(), offset + sent);
+        let n = match ops::read_cached_into(&handle, at, room, chunk.buffer()) {
+            Some(n) => n,
+            None => {
+                let handle = handle.clone();
+                let read = blocking(move || {
+                    let n = ops::read_at_into(&handle, at, room, chunk.buffer())?;
+                    Ok((chunk, n))
+                });
+                let n;
+                (chunk, n) = read.await?;
+                n
+            }
+        };
+        if n == 0 {
+            break; // the file shrank meanwhile
+        }
+        if let Some(hasher) = &mut hasher {
+            hasher.update(chunk.data());
+        }
+        sent += n as u64;
+        sink.record(chunk).await.map_err(gone)?;
+        if progress.due() {
+            let data = json!({"bytes_sent": sent, "bytes_total": want});
+            sink.event("progress", data).await.map_err(gone)?;
+        }
     }
+    let mut result = json!({
+        "path": path,
+        "size": size,
+        "offset": offset,
+        "length": sent,
+        "eof": offset + sent >= size,
+    });
+    if let Some(hasher) = hasher {
+        result["sha256"] = json!(hex::encode(hasher.finalize()));
+    }
+    Ok(result)
 }
 
 /// `file.read` with `artifact`: the bytes asked for (`offset`, `length`)

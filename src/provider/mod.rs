@@ -405,8 +405,17 @@ impl StreamSink {
         ChunkRecord::new(&self.id, channel, room)
     }
 
-    /// Sends a chunk made by [`chunk_record`](Self::chunk_record) from a
-    /// blocking thread.
+    /// Sends a chunk made by [`chunk_record`](Self::chunk_record); waits
+    /// while the peer is slow.
+    pub async fn record(&self, chunk: ChunkRecord) -> Result<(), SessionGone> {
+        self.usage.add_out(chunk.data().len());
+        self.outbox
+            .send(Outbound::Record(chunk))
+            .await
+            .map_err(|_| SessionGone)
+    }
+
+    /// [`record`](Self::record) from a blocking thread.
     pub fn record_blocking(&self, chunk: ChunkRecord) -> Result<(), SessionGone> {
         self.usage.add_out(chunk.data().len());
         self.outbox
@@ -440,12 +449,21 @@ impl Progress {
         sink: &StreamSink,
         data: impl FnOnce() -> Value,
     ) -> Result<(), SessionGone> {
+        match self.due() {
+            true => sink.event_blocking("progress", data()),
+            false => Ok(()),
+        }
+    }
+
+    /// Whether a `progress` frame is due now; if so, the next is due
+    /// [`PROGRESS_EVERY`] later.
+    pub fn due(&mut self) -> bool {
         let now = std::time::Instant::now();
         if now < self.next {
-            return Ok(());
+            return false;
         }
         self.next = now + PROGRESS_EVERY;
-        sink.event_blocking("progress", data())
+        true
     }
 }
 
