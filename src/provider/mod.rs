@@ -400,7 +400,7 @@ impl StreamSink {
 
     /// An empty chunk record for this request with room for `room` data
     /// bytes (fewer if a record cannot carry them), to fill in place and
-    /// send with [`record_blocking`](Self::record_blocking).
+    /// send with [`record`](Self::record).
     pub fn chunk_record(&self, channel: Channel, room: usize) -> ChunkRecord {
         ChunkRecord::new(&self.id, channel, room)
     }
@@ -412,14 +412,6 @@ impl StreamSink {
         self.outbox
             .send(Outbound::Record(chunk))
             .await
-            .map_err(|_| SessionGone)
-    }
-
-    /// [`record`](Self::record) from a blocking thread.
-    pub fn record_blocking(&self, chunk: ChunkRecord) -> Result<(), SessionGone> {
-        self.usage.add_out(chunk.data().len());
-        self.outbox
-            .blocking_send(Outbound::Record(chunk))
             .map_err(|_| SessionGone)
     }
 }
