@@ -58,9 +58,9 @@ pub struct Args {
     #[arg(long, default_value_t = 4000)]
     scale_pause_ms: u64,
     /// Audit-log lengths the scale test fills the log to (with `file.stat`)
-    /// before loading the largest session count again; none: no such loads.
-    #[arg(long, value_delimiter = ',', default_value = "1000000,10000000")]
-    scale_log_entries: Vec<u64>,
+    /// before loading the largest session count again; `none`: no such loads.
+    #[arg(long, value_delimiter = ',', default_value = "1000000,10000000", value_parser = log_length)]
+    scale_log_entries: Vec<Option<u64>>,
     /// Small sizes everywhere: checks that the harness works (CI), not a
     /// measurement.
     #[arg(long)]
@@ -125,7 +125,7 @@ impl Args {
             self.scale_sessions = vec![20, 50];
             self.scale_seconds = 5;
             self.scale_pause_ms = 250;
-            self.scale_log_entries = vec![5_000];
+            self.scale_log_entries = vec![Some(5_000)];
         }
     }
 }
@@ -274,4 +274,15 @@ fn raise_open_file_limit() {
 /// Sleeps a little: lets a process settle before its memory is read.
 pub async fn settle() {
     tokio::time::sleep(Duration::from_millis(1000)).await;
+}
+
+/// A `--scale-log-entries` value: a number of entries, or `none`.
+fn log_length(value: &str) -> Result<Option<u64>, String> {
+    match value {
+        "none" => Ok(None),
+        number => number
+            .parse()
+            .map(Some)
+            .map_err(|e| format!("{number}: {e} (a number of entries, or `none`)")),
+    }
 }

@@ -175,7 +175,7 @@ pub async fn run(args: &Args, gateway: &Gateway) -> Result<ScaleResult, String> 
         keep(&mut outcome);
     }
     let rss_connected_kib = measure::rss_kib(gateway.pid());
-    for &target in &args.scale_log_entries {
+    for &target in args.scale_log_entries.iter().flatten() {
         let (log_entries, rate) = fill(gateway, &sessions, target).await?;
         let mut outcome = load(args, gateway, &sessions).await?;
         loads.push(summary(
