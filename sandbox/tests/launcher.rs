@@ -431,6 +431,16 @@ fn bwrap_s_own_error_reaches_the_launcher_s_stderr() {
         rustix::process::geteuid().is_root(),
         "this test runs the launcher as another user: run the suite as root (as .ci/run does)"
     );
+    // A copy the other user can reach (the build may be under a
+    // directory only root may enter, as `.ci/run`'s clone is).
+    let dir = tempfile::Builder::new()
+        .prefix("portcullis-other-user-")
+        .tempdir()
+        .unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(dir.path(), mode).unwrap();
+    let launcher = dir.path().join("portcullis-sandbox");
+    std::fs::copy(env!("CARGO_BIN_EXE_portcullis-sandbox"), &launcher).unwrap();
     let out = Command::new("setpriv")
         .args([
             "--reuid=61741",
@@ -439,7 +449,7 @@ fn bwrap_s_own_error_reaches_the_launcher_s_stderr() {
             "prlimit",
             "--nproc=2",
         ])
-        .arg(env!("CARGO_BIN_EXE_portcullis-sandbox"))
+        .arg(&launcher)
         .args(["--rw", "/tmp", "--deny-network", "--", "/bin/true"])
         .current_dir("/")
         .stdin(Stdio::null())

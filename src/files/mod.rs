@@ -3,8 +3,9 @@
 //! Policy has decided and normalised the path ([`FileTerms`]); this module
 //! parses the method's other params, runs the operation from `ops.rs` on
 //! the blocking pool (or, for a few system calls' work, on `quick.rs`'s
-//! threads; a stat the kernel answers from memory, on the runtime worker:
-//! `ops::stat_cached`), confined by `confine.rs`, and moves data: small
+//! threads; a stat the kernel answers from memory, and a streamed read's
+//! chunks the page cache has, on the runtime worker: `ops::stat_cached`,
+//! `ops::read_cached_into`), confined by `confine.rs`, and moves data: small
 //! contents inline in JSON, large ones as chunks on channel 4 (file data).
 //! docs/PROTOCOL.md §7 is the reference for params and results.
 

@@ -11,8 +11,9 @@
 //! without sleeping while there are any.
 //!
 //! Only operations with a bounded amount of work come here. Streams (a
-//! slow reader would hold a thread), listings, searches, copies and
-//! deletes stay on the main blocking pool. A file system that hangs (a
+//! slow reader would hold a thread; what of a streamed read the page
+//! cache lacks), listings, searches, copies and deletes stay on the main
+//! blocking pool. A file system that hangs (a
 //! dead network mount) can still hold all of these threads; then these
 //! operations wait in the queue, and the others go on. The queue has no
 //! bound of its own: the requests in flight (per session and sessions per
