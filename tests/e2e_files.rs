@@ -965,6 +965,64 @@ async fn cancelled_and_failed_uploads_leave_no_file() {
     );
 }
 
+/// A file cut short or replaced while it streams, as another process of
+/// the agent's could: a cut ends the stream at the new end with an answer
+/// that says how much was sent (not `eof`), a replacement changes nothing
+/// (the stream reads the file it opened); neither hangs.
+#[tokio::test]
+async fn a_file_cut_or_replaced_while_it_streams_ends_or_goes_on_cleanly() {
+    let (gw, client) = setup().await;
+    let size: usize = 64 << 20; // far beyond the outbox and the sockets' buffers
+    let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let path = gw.dir.join("workspace/moving.bin");
+    for replace in [false, true] {
+        std::fs::write(&path, &data).unwrap();
+        let params = json!({"root_id": "main", "path": "moving.bin", "stream": true});
+        let mut handle = client.start("file.read", params).await.unwrap();
+        let mut received = Vec::new();
+        let mut changed = false;
+        loop {
+            let item = tokio::time::timeout(Duration::from_secs(30), handle.next())
+                .await
+                .expect("the stream stalled");
+            let Some(item) = item else { break };
+            if let portcullis_client::StreamItem::Chunk { data, .. } = item {
+                received.extend_from_slice(&data);
+            }
+            if !changed {
+                changed = true;
+                match replace {
+                    false => std::fs::File::options()
+                        .write(true)
+                        .open(&path)
+                        .unwrap()
+                        .set_len(1 << 20)
+                        .unwrap(),
+                    true => {
+                        let new = gw.dir.join("workspace/moving.new");
+                        std::fs::write(&new, b"something else").unwrap();
+                        std::fs::rename(&new, &path).unwrap();
+                    }
+                }
+            }
+        }
+        let result = handle.response().await.unwrap();
+        assert_eq!(result["length"].as_u64(), Some(received.len() as u64));
+        assert_eq!(received[..], data[..received.len()]);
+        match replace {
+            false => {
+                assert!(received.len() < size, "{} bytes came", received.len());
+                assert_eq!(result["eof"], json!(false));
+            }
+            true => {
+                assert_eq!(received.len(), size);
+                assert_eq!(result["eof"], json!(true));
+            }
+        }
+    }
+    gw.assert_requests_audited(2);
+}
+
 /// `match` events and the terminal result of one search.
 async fn search(client: &Client, params: Value) -> (Vec<Value>, Value) {
     let mut handle = client.start("file.search", params).await.unwrap();

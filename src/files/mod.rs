@@ -32,7 +32,7 @@ use crate::artifacts::{Artifacts, Source, Upload};
 use crate::provider::{
     Call, Method, Progress, Provider, Reply, StreamSink, Usage, no_input, params,
 };
-use ops::AtomicFile;
+use ops::{AtomicFile, CachedRead};
 use portcullis_confine::{FileError, Root, RootSpec};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use portcullis_wire::record::Channel;
@@ -579,6 +579,7 @@ async fn read_stream(
     let mut hasher = p.sha256.then(Sha256::new);
     let mut sent = 0u64;
     let mut progress = Progress::default();
+    let mut try_cache = true;
     let gone = |_| error_body(FileError::Cancelled);
     while sent < want {
         if cancel.is_cancelled() {
@@ -587,9 +588,14 @@ async fn read_stream(
         let left = usize::try_from(want - sent).unwrap_or(usize::MAX);
         let mut chunk = sink.chunk_record(Channel::FileData, left);
         let (room, at) = (chunk.room(), offset + sent);
-        let n = match ops::read_cached_into(&handle, at, room, chunk.buffer()) {
-            Some(n) => n,
-            None => {
+        let cached = match try_cache {
+            true => ops::read_cached_into(&handle, at, room, chunk.buffer()),
+            false => CachedRead::Unsupported,
+        };
+        let n = match cached {
+            CachedRead::Read(n) => n,
+            CachedRead::Missing | CachedRead::Unsupported => {
+                try_cache &= cached == CachedRead::Missing;
                 let handle = handle.clone();
                 let read = blocking(move || {
                     let n = ops::read_at_into(&handle, at, room, chunk.buffer())?;

@@ -172,23 +172,36 @@ pub fn read_at_into(
     Ok(out.len() - start)
 }
 
+/// What [`read_cached_into`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CachedRead {
+    /// This many bytes, from the page cache.
+    Read(usize),
+    /// None of the bytes are cached (or the offset is at the end).
+    Missing,
+    /// The file system cannot read without waiting (`EOPNOTSUPP`: tmpfs,
+    /// FUSE, procfs): no later chunk of the file will do better.
+    Unsupported,
+}
+
 /// [`read_at_into`] only as far as the page cache has the bytes
 /// (`RWF_NOWAIT`: nothing waits for a disk or a server), so that it may
-/// run on the runtime's worker. `None` when the cache has none of them
-/// (or at end of file, or where the file system cannot tell): the caller
-/// reads on a blocking thread. The room is zeroed first (`preadv2` takes
-/// initialised buffers), a few microseconds per 64 KiB.
-pub fn read_cached_into(file: &File, offset: u64, want: usize, out: &mut Vec<u8>) -> Option<usize> {
+/// run on the runtime's worker; the caller reads what is
+/// [`CachedRead::Missing`] on a blocking thread. The room is zeroed first
+/// (`preadv2` takes initialised buffers), a few microseconds per 64 KiB.
+pub fn read_cached_into(file: &File, offset: u64, want: usize, out: &mut Vec<u8>) -> CachedRead {
     let start = out.len();
     out.resize(start + want, 0);
     let mut slices = [std::io::IoSliceMut::new(&mut out[start..])];
     let read = rustix::io::preadv2(file, &mut slices, offset, ReadWriteFlags::NOWAIT);
-    let n = match read {
-        Ok(n) if n > 0 => n,
-        _ => 0,
+    let (n, found) = match read {
+        Ok(0) => (0, CachedRead::Missing),
+        Ok(n) => (n, CachedRead::Read(n)),
+        Err(Errno::OPNOTSUPP) => (0, CachedRead::Unsupported),
+        Err(_) => (0, CachedRead::Missing),
     };
     out.truncate(start + n);
-    (n > 0).then_some(n)
+    found
 }
 
 /// `file.list`: entries sorted by name, depth first, in pages.
@@ -895,9 +908,15 @@ mod tests {
     /// the blocking read gives the bytes.
     #[test]
     fn a_cached_read_takes_only_what_the_page_cache_has() {
+        // Eviction is what is tested: a file system on a block device (the
+        // temporary directory, else the crate's own, a checkout on disk).
+        let base = [std::env::temp_dir(), env!("CARGO_MANIFEST_DIR").into()]
+            .into_iter()
+            .find(|dir| on_a_block_device(dir))
+            .expect("neither the temporary directory nor the crate is on a block device");
         let dir = tempfile::Builder::new()
             .prefix("portcullis-cached-read-")
-            .tempdir()
+            .tempdir_in(base)
             .unwrap();
         let path = dir.path().join("data");
         let data: Vec<u8> = (0..1_048_576u32).map(|i| (i % 251) as u8).collect();
@@ -906,32 +925,40 @@ mod tests {
         let mut out = b"head".to_vec();
         assert_eq!(
             read_cached_into(&file, 1000, 70_000, &mut out),
-            Some(70_000)
+            CachedRead::Read(70_000)
         );
         assert_eq!(&out[..4], b"head");
         assert_eq!(&out[4..], &data[1000..71_000]);
         let mut out = b"head".to_vec();
         assert_eq!(
             read_cached_into(&file, data.len() as u64, 10, &mut out),
-            None
+            CachedRead::Missing
         );
         assert_eq!(out, b"head");
 
         file.sync_all().unwrap();
         rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
         let evicted = read_cached_into(&file, 500_000, 65_536, &mut out);
-        match on_a_block_device(dir.path()) {
-            true => {
-                assert_eq!(evicted, None);
-                assert_eq!(out, b"head");
-                assert_eq!(
-                    read_at_into(&file, 500_000, 65_536, &mut out).unwrap(),
-                    65_536
-                );
-            }
-            false => assert_eq!(evicted, Some(65_536)),
-        }
+        assert_eq!(evicted, CachedRead::Missing);
+        assert_eq!(out, b"head");
+        assert_eq!(
+            read_at_into(&file, 500_000, 65_536, &mut out).unwrap(),
+            65_536
+        );
         assert_eq!(&out[4..], &data[500_000..565_536]);
+    }
+
+    /// procfs, like tmpfs and FUSE, cannot promise not to wait: the
+    /// stream learns it from the first chunk and asks no more.
+    #[test]
+    fn a_file_system_that_cannot_read_without_waiting_says_so() {
+        let file = File::open("/proc/self/status").unwrap();
+        let mut out = b"head".to_vec();
+        assert_eq!(
+            read_cached_into(&file, 0, 4096, &mut out),
+            CachedRead::Unsupported
+        );
+        assert_eq!(out, b"head");
     }
 
     /// Files written across the point where direct writes start arrive

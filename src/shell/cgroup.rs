@@ -439,22 +439,11 @@ fn remove_stale(parent: &Path) {
         if Path::new("/proc").join(pid).exists() {
             continue;
         }
-        let children: Vec<PathBuf> = std::fs::read_dir(entry.path())
-            .map(|children| {
-                children
-                    .flatten()
-                    .map(|child| child.path())
-                    .filter(|path| path.is_dir())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let dirs: Vec<_> = children
-            .iter()
-            .map(|dir| (dir.clone(), false, Vec::new()))
-            .collect();
-        kill_all(&dirs);
-        for dir in &children {
-            let _ = std::fs::remove_dir(dir);
+        if let Ok(children) = std::fs::read_dir(entry.path()) {
+            for child in children.flatten().filter(|c| c.path().is_dir()) {
+                kill_all(&[(child.path(), false, Vec::new())]);
+                let _ = std::fs::remove_dir(child.path());
+            }
         }
         let _ = std::fs::remove_dir(entry.path());
     }
