@@ -311,7 +311,7 @@ impl Client {
                     rec = outbox_rx.recv() => {
                         // None: every sender is gone, the client was dropped.
                         let Some(rec) = rec else { break };
-                        let flush = outbox_rx.is_empty();
+                        let flush = channel::nothing_behind(&outbox_rx).await;
                         if writer.send(rec, flush).await.is_err() {
                             return;
                         }

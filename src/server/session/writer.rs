@@ -1,7 +1,7 @@
 //! The session's writer task: it drains the bounded outbox into the
 //! socket, so a slow peer slows only its own session.
 
-use portcullis_wire::channel::RecordSink;
+use portcullis_wire::channel::{self, RecordSink};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Frame, Response};
 use portcullis_wire::record::{self, ChunkRecord};
 use serde_json::json;
@@ -56,7 +56,8 @@ async fn send<W: RecordSink>(
     record: Vec<u8>,
     outbox: &mpsc::Receiver<Outbound>,
 ) -> bool {
-    writer.send(record, outbox.is_empty()).await.is_ok()
+    let flush = channel::nothing_behind(outbox).await;
+    writer.send(record, flush).await.is_ok()
 }
 
 /// The records of `frame` (in parts when larger than one record); one
