@@ -305,13 +305,17 @@ impl Client {
         let shared = Arc::new(Mutex::new(Shared::default()));
 
         let mut writer_closing = closing_rx.clone();
+        let writer_shared = shared.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     rec = outbox_rx.recv() => {
                         // None: every sender is gone, the client was dropped.
                         let Some(rec) = rec else { break };
-                        let flush = channel::nothing_behind(&outbox_rx).await;
+                        let others = writer_shared
+                            .lock()
+                            .is_ok_and(|shared| shared.pending.len() > 1);
+                        let flush = channel::nothing_behind(&outbox_rx, others).await;
                         if writer.send(rec, flush).await.is_err() {
                             return;
                         }

@@ -254,13 +254,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> RecordSink for RecordWr
 }
 
 /// Whether a writer task should flush after its current record: true
-/// when nothing is queued behind it, even after every other task that is
-/// ready has run once. Records made ready together (the answers one audit
-/// group commit releases, the requests of many tasks) then leave in one
-/// write; the cost is one turn of the scheduler when a record is alone.
-pub async fn nothing_behind<T>(queue: &tokio::sync::mpsc::Receiver<T>) -> bool {
+/// when nothing is queued behind it. With `others_in_flight` (more answers
+/// or requests of this connection are under way) it first lets every
+/// other ready task run once, so records made ready together (the answers
+/// one audit group commit releases, the requests of many tasks) leave in
+/// one write. A record alone on its connection is written at once: the
+/// turn of the scheduler would only add to its latency.
+pub async fn nothing_behind<T>(
+    queue: &tokio::sync::mpsc::Receiver<T>,
+    others_in_flight: bool,
+) -> bool {
     if !queue.is_empty() {
         return false;
+    }
+    if !others_in_flight {
+        return true;
     }
     tokio::task::yield_now().await;
     queue.is_empty()
@@ -411,6 +419,25 @@ impl Drop for Pooled {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record alone is flushed at once; one with others in flight waits
+    /// for the tasks that are ready, and is not flushed when they queued
+    /// something behind it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_writer_waits_one_turn_only_while_others_are_in_flight() {
+        for others in [false, true] {
+            let (tx, rx) = tokio::sync::mpsc::channel::<u8>(4);
+            // Ready, but on this one thread it runs only if the writer yields.
+            let answer = tokio::spawn(async move { tx.send(1).await });
+            assert_eq!(nothing_behind(&rx, others).await, !others);
+            answer.await.unwrap().unwrap();
+            assert!(!rx.is_empty());
+            assert!(
+                !nothing_behind(&rx, others).await,
+                "a queued record is never last"
+            );
+        }
+    }
 
     #[test]
     fn a_pooled_buffer_comes_back_empty_when_its_last_slice_is_dropped() {

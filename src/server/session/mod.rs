@@ -138,7 +138,13 @@ pub async fn run<R, W>(
     let (outbox, outbox_rx) = mpsc::channel(OUTBOX_CAPACITY);
     let max_frame = gateway.config.limits.max_frame;
     // The writer boxed: a task's future would hold two copies of it.
-    let writer_task = tokio::spawn(writer::write_loop(Box::new(writer), outbox_rx, max_frame));
+    let in_flight = guard.info.in_flight.clone();
+    let writer_task = tokio::spawn(writer::write_loop(
+        Box::new(writer),
+        outbox_rx,
+        max_frame,
+        in_flight,
+    ));
     let (inbox, inbox_rx) = mpsc::unbounded_channel();
     let to_inbox = inbox.clone();
     let requests = Requests::new(move |asked| to_inbox.send(Inbox::Asked(Box::new(asked))).is_ok());

@@ -1,6 +1,9 @@
 //! The session's writer task: it drains the bounded outbox into the
 //! socket, so a slow peer slows only its own session.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use portcullis_wire::channel::{self, RecordSink};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Event, Frame, Response};
 use portcullis_wire::record::{self, ChunkRecord};
@@ -15,6 +18,7 @@ pub(super) async fn write_loop<W: RecordSink>(
     mut writer: Box<W>,
     mut outbox: mpsc::Receiver<Outbound>,
     max_frame: usize,
+    in_flight: Arc<AtomicUsize>,
 ) {
     while let Some(item) = outbox.recv().await {
         let sent = match item {
@@ -25,17 +29,19 @@ pub(super) async fn write_loop<W: RecordSink>(
             Outbound::Frame(frame) => {
                 let mut sent = true;
                 for record in encode_frame(*frame, max_frame) {
-                    sent = sent && send(&mut *writer, record, &outbox).await;
+                    sent = sent && send(&mut *writer, record, &outbox, &in_flight).await;
                 }
                 sent
             }
-            Outbound::Record(chunk) => send(&mut *writer, chunk.into_record(), &outbox).await,
+            Outbound::Record(chunk) => {
+                send(&mut *writer, chunk.into_record(), &outbox, &in_flight).await
+            }
             Outbound::Chunk { id, channel, data } => {
                 let capacity = record::chunk_capacity(&id).max(1);
                 for piece in data.chunks(capacity) {
                     let mut chunk = ChunkRecord::new(&id, channel, piece.len());
                     chunk.buffer().extend_from_slice(piece);
-                    if !send(&mut *writer, chunk.into_record(), &outbox).await {
+                    if !send(&mut *writer, chunk.into_record(), &outbox, &in_flight).await {
                         return;
                     }
                 }
@@ -50,13 +56,16 @@ pub(super) async fn write_loop<W: RecordSink>(
 }
 
 /// Writes one record, flushing when nothing else is queued behind it.
-/// False once the connection is gone.
+/// False once the connection is gone. `in_flight` counts the session's
+/// requests not yet answered (this record's among them).
 async fn send<W: RecordSink>(
     writer: &mut W,
     record: Vec<u8>,
     outbox: &mpsc::Receiver<Outbound>,
+    in_flight: &AtomicUsize,
 ) -> bool {
-    let flush = channel::nothing_behind(outbox).await;
+    let others = in_flight.load(Ordering::Relaxed) > 1;
+    let flush = channel::nothing_behind(outbox, others).await;
     writer.send(record, flush).await.is_ok()
 }
 
