@@ -312,9 +312,11 @@ impl Client {
                     rec = outbox_rx.recv() => {
                         // None: every sender is gone, the client was dropped.
                         let Some(rec) = rec else { break };
-                        let others = writer_shared
-                            .lock()
-                            .is_ok_and(|shared| shared.pending.len() > 1);
+                        let others = || {
+                            writer_shared
+                                .lock()
+                                .is_ok_and(|shared| shared.pending.len() > 1)
+                        };
                         let flush = channel::nothing_behind(&outbox_rx, others).await;
                         if writer.send(rec, flush).await.is_err() {
                             return;

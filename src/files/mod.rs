@@ -590,12 +590,15 @@ async fn read_stream(
         let (room, at) = (chunk.room(), offset + sent);
         let cached = match try_cache {
             true => ops::read_cached_into(&handle, at, room, chunk.buffer()),
-            false => CachedRead::Unsupported,
+            // Not tried: read on a blocking thread, as for a miss.
+            false => CachedRead::Missing,
         };
+        if cached == CachedRead::Unsupported {
+            try_cache = false;
+        }
         let n = match cached {
             CachedRead::Read(n) => n,
             CachedRead::Missing | CachedRead::Unsupported => {
-                try_cache &= cached == CachedRead::Missing;
                 let handle = handle.clone();
                 let read = blocking(move || {
                     let n = ops::read_at_into(&handle, at, room, chunk.buffer())?;

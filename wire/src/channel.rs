@@ -254,20 +254,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> RecordSink for RecordWr
 }
 
 /// Whether a writer task should flush after its current record: true
-/// when nothing is queued behind it. With `others_in_flight` (more answers
-/// or requests of this connection are under way) it first lets every
-/// other ready task run once, so records made ready together (the answers
-/// one audit group commit releases, the requests of many tasks) leave in
-/// one write. A record alone on its connection is written at once: the
-/// turn of the scheduler would only add to its latency.
+/// when nothing is queued behind it. When `others_in_flight` says more
+/// answers or requests of this connection are under way (asked only when
+/// the queue is empty) it first lets every other ready task run once, so
+/// records made ready together (the answers one audit group commit
+/// releases, the requests of many tasks) leave in one write. A record
+/// alone on its connection is written at once: the turn of the scheduler
+/// would only add to its latency.
 pub async fn nothing_behind<T>(
     queue: &tokio::sync::mpsc::Receiver<T>,
-    others_in_flight: bool,
+    others_in_flight: impl FnOnce() -> bool,
 ) -> bool {
     if !queue.is_empty() {
         return false;
     }
-    if !others_in_flight {
+    if !others_in_flight() {
         return true;
     }
     tokio::task::yield_now().await;
@@ -429,11 +430,11 @@ mod tests {
             let (tx, rx) = tokio::sync::mpsc::channel::<u8>(4);
             // Ready, but on this one thread it runs only if the writer yields.
             let answer = tokio::spawn(async move { tx.send(1).await });
-            assert_eq!(nothing_behind(&rx, others).await, !others);
+            assert_eq!(nothing_behind(&rx, || others).await, !others);
             answer.await.unwrap().unwrap();
             assert!(!rx.is_empty());
             assert!(
-                !nothing_behind(&rx, others).await,
+                !nothing_behind(&rx, || panic!("asked with a record queued")).await,
                 "a queued record is never last"
             );
         }

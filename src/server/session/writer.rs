@@ -16,11 +16,12 @@ use crate::provider::Outbound;
 /// together and flushed when the outbox runs dry.
 pub(super) async fn write_loop<W: RecordSink>(
     mut writer: Box<W>,
-    mut outbox: mpsc::Receiver<Outbound>,
+    outbox: mpsc::Receiver<Outbound>,
     max_frame: usize,
     in_flight: Arc<AtomicUsize>,
 ) {
-    while let Some(item) = outbox.recv().await {
+    let mut queue = Queue { outbox, in_flight };
+    while let Some(item) = queue.outbox.recv().await {
         let sent = match item {
             Outbound::Close { policy, reason } => {
                 let _ = writer.flush().await;
@@ -29,19 +30,17 @@ pub(super) async fn write_loop<W: RecordSink>(
             Outbound::Frame(frame) => {
                 let mut sent = true;
                 for record in encode_frame(*frame, max_frame) {
-                    sent = sent && send(&mut *writer, record, &outbox, &in_flight).await;
+                    sent = sent && queue.send(&mut *writer, record).await;
                 }
                 sent
             }
-            Outbound::Record(chunk) => {
-                send(&mut *writer, chunk.into_record(), &outbox, &in_flight).await
-            }
+            Outbound::Record(chunk) => queue.send(&mut *writer, chunk.into_record()).await,
             Outbound::Chunk { id, channel, data } => {
                 let capacity = record::chunk_capacity(&id).max(1);
                 for piece in data.chunks(capacity) {
                     let mut chunk = ChunkRecord::new(&id, channel, piece.len());
                     chunk.buffer().extend_from_slice(piece);
-                    if !send(&mut *writer, chunk.into_record(), &outbox, &in_flight).await {
+                    if !queue.send(&mut *writer, chunk.into_record()).await {
                         return;
                     }
                 }
@@ -55,18 +54,21 @@ pub(super) async fn write_loop<W: RecordSink>(
     let _ = writer.flush().await;
 }
 
-/// Writes one record, flushing when nothing else is queued behind it.
-/// False once the connection is gone. `in_flight` counts the session's
-/// requests not yet answered (this record's among them).
-async fn send<W: RecordSink>(
-    writer: &mut W,
-    record: Vec<u8>,
-    outbox: &mpsc::Receiver<Outbound>,
-    in_flight: &AtomicUsize,
-) -> bool {
-    let others = in_flight.load(Ordering::Relaxed) > 1;
-    let flush = channel::nothing_behind(outbox, others).await;
-    writer.send(record, flush).await.is_ok()
+/// What the writer drains, and how many of the session's requests are not
+/// yet answered (the record being written's among them).
+struct Queue {
+    outbox: mpsc::Receiver<Outbound>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Queue {
+    /// Writes one record, flushing when nothing else is queued behind it.
+    /// False once the connection is gone.
+    async fn send<W: RecordSink>(&self, writer: &mut W, record: Vec<u8>) -> bool {
+        let others = || self.in_flight.load(Ordering::Relaxed) > 1;
+        let flush = channel::nothing_behind(&self.outbox, others).await;
+        writer.send(record, flush).await.is_ok()
+    }
 }
 
 /// The records of `frame` (in parts when larger than one record); one
