@@ -256,7 +256,7 @@ impl Artifacts {
             started_at: jiff::Timestamp::now().to_string(),
             connection: Some(call.origin.connection),
             peer: Some(call.origin.peer.clone()),
-            principal: Some(call.principal.clone()),
+            principal: Some(call.principal.as_str().into()),
             method: Some("artifact.upload".into()),
             capability: Some("artifacts".into()),
             parent_request_id: Some(call.request.id.to_string()),

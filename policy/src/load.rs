@@ -114,7 +114,7 @@ impl Validator<'_> {
             .map(|t| self.tool(t, base_dir, &server_names))
             .collect();
         Policy {
-            generation,
+            generation: generation.into(),
             principals,
             roots,
             grants,

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug)]
 pub struct Policy {
     /// SHA-256 (hex) of the file's bytes: identifies this version of the
-    /// policy in the audit log.
-    pub generation: String,
+    /// policy in the audit log (shared by every entry it decides).
+    pub generation: std::sync::Arc<str>,
     pub principals: Vec<Principal>,
     pub roots: Vec<Root>,
     pub grants: Vec<Grant>,

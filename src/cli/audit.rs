@@ -225,14 +225,14 @@ fn print_rows(entries: &[Entry], json: bool) {
         let via = match (&r.transport, r.profile.as_deref()) {
             (Some(t), Some("ya-environment-protocol.v1")) => format!("{t} 0.92"),
             (Some(t), Some(_)) => format!("{t} relay"),
-            (Some(t), None) => t.clone(),
+            (Some(t), None) => t.to_string(),
             (None, _) => "-".into(),
         };
         println!(
             "{:>7}  {:<24} {:<14} {:<16} {:<9} {:<11} {:<22} {}",
             e.seq,
             r.started_at.chars().take(24).collect::<String>(),
-            name(&r.principal),
+            r.principal.as_deref().unwrap_or("-"),
             r.method
                 .clone()
                 .or(r.event.clone())

@@ -70,7 +70,7 @@ pub struct CommandLink {
     pub origin: Arc<Origin>,
     pub principal: String,
     pub request_id: String,
-    pub policy_generation: String,
+    pub policy_generation: Arc<str>,
 }
 
 impl CommandLink {
@@ -183,7 +183,7 @@ impl Egress {
             started_at: jiff::Timestamp::now().to_string(),
             connection: Some(command.origin.connection),
             peer: Some(command.origin.peer.clone()),
-            principal: Some(command.principal.clone()),
+            principal: Some(command.principal.as_str().into()),
             request_id: Some(command.request_id.clone()),
             method: Some(method.to_string()),
             capability: Some("shell".to_string()),

@@ -199,7 +199,7 @@ pub const RESPONSE_ROOM: usize = 1024;
 pub struct Origin {
     /// The gateway's session (connection) number.
     pub connection: u64,
-    pub peer: String,
+    pub peer: Arc<str>,
 }
 
 /// A request's start entry until it is durable. Nothing acts on the host

@@ -116,7 +116,7 @@ impl Gateway {
         let policy = result?;
         let generation = policy.generation.clone();
         self.policy.send_replace(Arc::new(policy));
-        Ok(generation)
+        Ok(generation.to_string())
     }
 
     /// Records a security event. Not awaited: the event is not the answer
@@ -126,7 +126,7 @@ impl Gateway {
         let record = Record {
             kind: Kind::Security,
             started_at: jiff::Timestamp::now().to_string(),
-            principal: principal.map(str::to_string),
+            principal: principal.map(Arc::from),
             event: Some(event.to_string()),
             detail: Some(detail),
             policy_generation: Some(self.current_policy().generation.clone()),

@@ -256,22 +256,8 @@ impl Session {
     /// from: the session, its peer and principal, the gateway run.
     pub(super) fn session_record(&self) -> AuditRecord {
         AuditRecord {
-            kind: Kind::Request,
             started_at: jiff::Timestamp::now().to_string(),
-            connection: Some(self.info.id),
-            peer: Some(self.info.peer.to_string()),
-            principal: Some(self.principal.clone()),
-            connection_id: Some(
-                self.relay_connection
-                    .clone()
-                    .unwrap_or_else(|| self.info.id.to_string()),
-            ),
-            client_id: Some(self.gateway.config.provider_id.clone()),
-            provider_id: Some(self.gateway.config.provider_id.clone()),
-            instance_id: Some(self.gateway.instance_id.clone()),
-            transport: Some(self.info.peer.transport().to_string()),
-            profile: Some(self.info.peer.profile().to_string()),
-            ..AuditRecord::default()
+            ..self.record_base.clone()
         }
     }
 

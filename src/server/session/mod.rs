@@ -163,13 +163,15 @@ pub async fn run<R, W>(
     let tools = tools_by_name(&policy, &principal, jiff::Timestamp::now());
     let resources = SessionResources::new(outbox.clone());
     resources.set_granted(granted.max_resources);
+    let origin = Arc::new(Origin {
+        connection: guard.info.id,
+        peer: guard.info.peer.to_string().into(),
+    });
     let mut session = Session {
         gateway: gateway.clone(),
+        record_base: record_base(&gateway, &guard.info, &origin, &principal),
         principal,
-        origin: Arc::new(Origin {
-            connection: guard.info.id,
-            peer: guard.info.peer.to_string(),
-        }),
+        origin,
         info: guard.info.clone(),
         outbox: outbox.clone(),
         in_flight: HashMap::new(),
@@ -177,7 +179,6 @@ pub async fn run<R, W>(
         accepted: None,
         output: OutputForm::Frames,
         parts: record::Assembler::sharing(gateway.config.limits.max_frame, gateway.parts.clone()),
-        relay_connection: None,
         token_due,
         awaiting_runtime: to_runtime::AwaitingRuntime::new(),
         tools,
@@ -226,9 +227,10 @@ struct Session {
     output: OutputForm,
     /// A frame arriving in parts (a request larger than one record).
     parts: record::Assembler,
-    /// The runtime's id for this connection (`relay.accepted`'s
-    /// `connection_id`), for audit entries.
-    relay_connection: Option<String>,
+    /// What every entry of this session's requests says of where it came
+    /// from (see [`record_base`]); its `connection_id` is the runtime's id
+    /// for the connection once `relay.accepted` names one.
+    record_base: AuditRecord,
     /// The principal's token must come with `relay.accepted` (the 0.92
     /// profile's `initialize`) before anything else is served.
     token_due: bool,
@@ -245,6 +247,31 @@ struct Session {
     requests: Requests,
     /// Who this session is, for entries providers write of their own.
     origin: Arc<Origin>,
+}
+
+/// The fields every entry of a session's requests shares: the session, its
+/// peer and principal, the gateway run, how the peer came. Made once per
+/// session; each entry clones the strings' pointers.
+fn record_base(
+    gateway: &Gateway,
+    info: &SessionInfo,
+    origin: &Origin,
+    principal: &str,
+) -> AuditRecord {
+    let provider: Arc<str> = gateway.config.provider_id.as_str().into();
+    AuditRecord {
+        kind: portcullis_store::Kind::Request,
+        connection: Some(info.id),
+        peer: Some(origin.peer.clone()),
+        principal: Some(principal.into()),
+        connection_id: Some(info.id.to_string().into()),
+        client_id: Some(provider.clone()),
+        provider_id: Some(provider),
+        instance_id: Some(gateway.instance_id.as_str().into()),
+        transport: Some(info.peer.transport().into()),
+        profile: Some(info.peer.profile().into()),
+        ..AuditRecord::default()
+    }
 }
 
 /// A request being executed.
@@ -644,11 +671,12 @@ impl Session {
         };
         // The runtime's names for this connection and its clock: kept for
         // the audit log, and a skew worth knowing about is logged.
-        self.relay_connection = payload
+        let connection_id = payload
             .get("connection_id")
             .and_then(Value::as_str)
             .filter(|id| frame::is_short_name(id))
-            .map(str::to_string);
+            .map_or_else(|| self.info.id.to_string(), str::to_string);
+        self.record_base.connection_id = Some(connection_id.into());
         if let Some(time) = payload
             .get("server_time")
             .and_then(Value::as_str)

@@ -645,8 +645,8 @@ pub(super) fn decode(bytes: &[u8], strings: &Strings) -> Result<Entry, String> {
     if has(Field::Connection) {
         record.connection = Some(input.varint()?);
     }
-    record.peer = input.opt(has(Field::Peer), None)?;
-    record.principal = input.opt(has(Field::Principal), None)?;
+    record.peer = input.opt_shared(has(Field::Peer), None)?;
+    record.principal = input.opt_shared(has(Field::Principal), None)?;
     record.request_id = input.opt(has(Field::RequestId), None)?;
     record.method = input.opt(has(Field::Method), None)?;
     record.capability = input.opt(has(Field::Capability), None)?;
@@ -664,7 +664,7 @@ pub(super) fn decode(bytes: &[u8], strings: &Strings) -> Result<Entry, String> {
         record.decision = Some(input.decision()?);
     }
     record.rule = input.opt(has(Field::Rule), None)?;
-    record.policy_generation = input.opt(has(Field::PolicyGeneration), None)?;
+    record.policy_generation = input.opt_shared(has(Field::PolicyGeneration), None)?;
     if has(Field::Status) {
         record.status = Some(match input.byte()? {
             0 => Status::Succeeded,
@@ -695,8 +695,8 @@ pub(super) fn decode(bytes: &[u8], strings: &Strings) -> Result<Entry, String> {
     record.approved_by = input.opt(has(Field::ApprovedBy), None)?;
     record.id = input.opt(has(Field::Id), record.request_id.as_deref())?;
     let connection = record.connection.map(|c| c.to_string());
-    record.connection_id = input.opt(has(Field::ConnectionId), connection.as_deref())?;
-    record.client_id = input.opt(has(Field::ClientId), None)?;
+    record.connection_id = input.opt_shared(has(Field::ConnectionId), connection.as_deref())?;
+    record.client_id = input.opt_shared(has(Field::ClientId), None)?;
     let context = record.context.clone().unwrap_or_default();
     record.session_id = input.opt(has(Field::SessionId), context.session_id.as_deref())?;
     record.run_id = input.opt(has(Field::RunId), context.run_id.as_deref())?;
@@ -704,8 +704,8 @@ pub(super) fn decode(bytes: &[u8], strings: &Strings) -> Result<Entry, String> {
     if has(Field::PolicyDecision) {
         record.policy_decision = Some(input.decision()?);
     }
-    record.provider_id = input.opt(has(Field::ProviderId), record.client_id.as_deref())?;
-    record.instance_id = input.opt(has(Field::InstanceId), None)?;
+    record.provider_id = input.opt_shared(has(Field::ProviderId), record.client_id.as_deref())?;
+    record.instance_id = input.opt_shared(has(Field::InstanceId), None)?;
     if has(Field::MountIds) {
         let count = input.varint()?;
         // Each takes a byte at least: a count past what is left is forged.
@@ -727,8 +727,8 @@ pub(super) fn decode(bytes: &[u8], strings: &Strings) -> Result<Entry, String> {
             other => return Err(format!("unknown truth value {other}")),
         });
     }
-    record.transport = input.opt(has(Field::Transport), None)?;
-    record.profile = input.opt(has(Field::Profile), None)?;
+    record.transport = input.opt_shared(has(Field::Transport), None)?;
+    record.profile = input.opt_shared(has(Field::Profile), None)?;
     record.bytes_in = input.varint()?;
     record.bytes_out = input.varint()?;
     let prev = input.text(None, None)?;
@@ -794,6 +794,15 @@ impl Decoder<'_> {
 
     fn opt(&mut self, present: bool, reference: Option<&str>) -> Result<Option<String>, String> {
         present.then(|| self.text(reference, None)).transpose()
+    }
+
+    /// [`Self::opt`] for a field entries share ([`Record`]'s `Arc<str>`s).
+    fn opt_shared(
+        &mut self,
+        present: bool,
+        reference: Option<&str>,
+    ) -> Result<Option<Arc<str>>, String> {
+        Ok(self.opt(present, reference)?.map(Arc::from))
     }
 
     /// A text; `reference` is what [`Text::SameAsReference`] stands for,
@@ -1077,13 +1086,13 @@ mod tests {
                     kind: kinds[usize::from(small.0)],
                     started_at,
                     completed_at: next(),
-                    peer: next(),
-                    principal: next(),
+                    peer: next().map(Arc::from),
+                    principal: next().map(Arc::from),
                     request_id: next(),
                     method: next(),
                     capability: next(),
                     rule: next(),
-                    policy_generation: next(),
+                    policy_generation: next().map(Arc::from),
                     error_code: next(),
                     root: next(),
                     path: next(),
@@ -1096,18 +1105,18 @@ mod tests {
                     parent_request_id: next(),
                     approved_by: next(),
                     id: next(),
-                    connection_id: next(),
-                    client_id: next(),
+                    connection_id: next().map(Arc::from),
+                    client_id: next().map(Arc::from),
                     session_id: next(),
                     run_id: next(),
                     tool_call_id: next(),
-                    provider_id: next(),
-                    instance_id: next(),
+                    provider_id: next().map(Arc::from),
+                    instance_id: next().map(Arc::from),
                     target_id: next(),
                     resource_id: next(),
                     error_name: next(),
-                    transport: next(),
-                    profile: next(),
+                    transport: next().map(Arc::from),
+                    profile: next().map(Arc::from),
                     mount_ids,
                     bytes_in: numbers.0,
                     bytes_out: numbers.1,

@@ -3,6 +3,7 @@
 //! is stored.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -69,6 +70,12 @@ pub struct RequestContext {
 }
 
 /// What a caller records. No secret, token or file content belongs here.
+///
+/// The fields every request of a session shares (peer, principal, the
+/// connection's and the gateway's ids, transport, profile, the policy's
+/// generation) are `Arc<str>`: a session makes them once, and each entry
+/// clones a pointer instead of allocating a string on a runtime worker
+/// that the audit writer's thread then frees.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub kind: Kind,
@@ -80,9 +87,9 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peer: Option<String>,
+    pub peer: Option<Arc<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub principal: Option<String>,
+    pub principal: Option<Arc<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,7 +104,7 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub policy_generation: Option<String>,
+    pub policy_generation: Option<Arc<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -150,10 +157,10 @@ pub struct Record {
     /// The relay connection: the runtime's id for it (`relay.accepted`'s
     /// `connection_id`), else the gateway's session number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub connection_id: Option<String>,
+    pub connection_id: Option<Arc<str>>,
     /// The relay client, which is the provider: the gateway's `provider_id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_id: Option<String>,
+    pub client_id: Option<Arc<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -168,10 +175,10 @@ pub struct Record {
     // either profile alike.
     /// The gateway's `provider_id` (the same as `client_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider_id: Option<String>,
+    pub provider_id: Option<Arc<str>>,
     /// The gateway run that served it (its hello's `instance_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance_id: Option<String>,
+    pub instance_id: Option<Arc<str>>,
     /// The roots (mounts) it named.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mount_ids: Vec<String>,
@@ -192,10 +199,10 @@ pub struct Record {
     /// `websocket-out` (dialed out, Noise), `websocket-out-plain`, `stdio`
     /// or `unix`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transport: Option<String>,
+    pub transport: Option<Arc<str>>,
     /// The protocol it spoke: `relay.v1` or `ya-environment-protocol.v1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub profile: Option<String>,
+    pub profile: Option<Arc<str>>,
 }
 
 impl Record {

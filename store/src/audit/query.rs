@@ -239,7 +239,7 @@ impl Filter {
         }) && self
             .principal
             .as_ref()
-            .is_none_or(|p| r.principal.as_ref() == Some(p))
+            .is_none_or(|p| r.principal.as_deref() == Some(p.as_str()))
             && method.is_none_or(|m| r.method.as_ref().is_some_and(|name| m.is_match(name)))
             && self.decision.is_none_or(|d| r.decision == Some(d))
             && self.status.is_none_or(|s| r.status == Some(s))
