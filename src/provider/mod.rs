@@ -103,7 +103,9 @@ pub type Outbox = mpsc::Sender<Outbound>;
 /// A request that policy allowed, handed to its provider.
 pub struct Call {
     pub principal: String,
-    pub request: Request,
+    /// Shared with the session's record of what is in flight, which decides
+    /// it again when the policy changes.
+    pub request: Arc<Request>,
     /// The policy that decided this request.
     pub policy: Arc<Policy>,
     /// What the policy decided the request may use (paths, limits, env).

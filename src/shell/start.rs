@@ -27,7 +27,7 @@ use super::{
 use crate::egress::CommandLink;
 use crate::files::Encoding;
 use crate::provider::{Call, StartEntry};
-use portcullis_wire::frame::{ErrorBody, ErrorCode};
+use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use portcullis_wire::record::Channel;
 
 #[derive(Deserialize)]
@@ -117,7 +117,7 @@ async fn launch(
     let processes = shell.processes().clone();
     let process = processes.register(Spec {
         owner: call.principal.clone(),
-        request: call.request.clone(),
+        request: Request::clone(&call.request),
         command: p.command.clone(),
         pid: running.pid.map(|pid| pid.as_raw_nonzero().get()),
         persist: terms.persist,

@@ -110,7 +110,7 @@ impl Host {
     ) -> Self {
         let handle = Handle::current();
         Self {
-            request: call.request.clone(),
+            request: Request::clone(&call.request),
             stream: call.stream.clone(),
             requests: call.requests.clone(),
             resources: call.resources.clone(),

@@ -348,6 +348,7 @@ impl Session {
             }
         }
         let revoked = Arc::new(OnceLock::new());
+        let request = Arc::new(request);
         let running = InFlight {
             cancel: cancel.clone(),
             request: request.clone(),

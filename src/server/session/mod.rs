@@ -278,7 +278,7 @@ fn record_base(
 struct InFlight {
     cancel: CancellationToken,
     /// Decided again when the policy changes.
-    request: Request,
+    request: Arc<Request>,
     /// Set when a policy change stopped it: its answer.
     revoked: Arc<OnceLock<ErrorBody>>,
 }
