@@ -7,6 +7,10 @@
 //! its parent directory this way, then act on one component with the `*at`
 //! calls, which never follow a final symlink.
 //!
+//! Where `openat2` is refused (`ENOSYS`: under systemd's
+//! `RestrictSUIDSGID=`, on kernels before 5.6), the same rules are kept by
+//! walking one component at a time (`walk.rs`).
+//!
 //! The policy has already normalised the path (no `..`, no absolute part);
 //! this is the second, independent line. Errors carry virtual paths only.
 //!
@@ -16,8 +20,11 @@
 
 #![forbid(unsafe_code)]
 
-use std::os::fd::OwnedFd;
+mod walk;
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
@@ -196,14 +203,7 @@ impl Root {
         mode: Mode,
         extra: ResolveFlags,
     ) -> Result<OwnedFd, Errno> {
-        let path = if path.is_empty() { "." } else { path };
-        rustix::fs::openat2(
-            dir,
-            path,
-            flags | OFlags::CLOEXEC,
-            mode,
-            self.resolve | extra,
-        )
+        openat2_or_walk(dir.as_fd(), path, flags, mode, self.resolve | extra)
     }
 
     /// The directory holding `path`, opened for `*at` calls, and the last
@@ -228,13 +228,83 @@ impl Root {
 /// empty) and [`Root::open_cached`] (`RESOLVE_CACHED`).
 fn open_root_dir(terms: &RootSpec<'_>, resolve: ResolveFlags) -> Result<OwnedFd, Errno> {
     let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    rustix::fs::openat2(
-        rustix::fs::CWD,
-        terms.host_root,
-        flags,
-        Mode::empty(),
-        resolve,
-    )
+    if !OPENAT2_REFUSED.load(Ordering::Relaxed) {
+        match rustix::fs::openat2(
+            rustix::fs::CWD,
+            terms.host_root,
+            flags,
+            Mode::empty(),
+            resolve,
+        ) {
+            Err(Errno::NOSYS) => OPENAT2_REFUSED.store(true, Ordering::Relaxed),
+            other => return other,
+        }
+    }
+    if resolve.contains(ResolveFlags::CACHED) {
+        return Err(Errno::AGAIN);
+    }
+    rustix::fs::openat(rustix::fs::CWD, terms.host_root, flags, Mode::empty())
+}
+
+/// Set once `openat2` has answered `ENOSYS`: every later open walks.
+static OPENAT2_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// How paths are resolved beneath a root on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolver {
+    /// By the kernel, with one `openat2` per path.
+    Openat2,
+    /// One component at a time (`openat2` is refused here: systemd's
+    /// `RestrictSUIDSGID=`, a kernel before 5.6, a seccomp profile).
+    Walk,
+}
+
+/// Tries `openat2` once, so that the answer is known (and can be said)
+/// before the first request.
+pub fn resolver() -> Resolver {
+    if !OPENAT2_REFUSED.load(Ordering::Relaxed) {
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let probe = rustix::fs::openat2(
+            rustix::fs::CWD,
+            ".",
+            flags,
+            Mode::empty(),
+            ResolveFlags::BENEATH,
+        );
+        if matches!(probe, Err(Errno::NOSYS)) {
+            OPENAT2_REFUSED.store(true, Ordering::Relaxed);
+        }
+    }
+    match OPENAT2_REFUSED.load(Ordering::Relaxed) {
+        true => Resolver::Walk,
+        false => Resolver::Openat2,
+    }
+}
+
+/// Opens `path` ("" is `dir` itself) beneath `dir` with `resolve`'s rules:
+/// one `openat2`, or the walk where the system refuses `openat2`. The walk
+/// has no lookup-cache-only mode: with `RESOLVE_CACHED` it answers
+/// `EAGAIN`, as `openat2` does when the cache is not enough.
+fn openat2_or_walk(
+    dir: BorrowedFd<'_>,
+    path: &str,
+    flags: OFlags,
+    mode: Mode,
+    resolve: ResolveFlags,
+) -> Result<OwnedFd, Errno> {
+    let flags = flags | OFlags::CLOEXEC;
+    if !OPENAT2_REFUSED.load(Ordering::Relaxed) {
+        let dot_or_path = if path.is_empty() { "." } else { path };
+        match rustix::fs::openat2(dir, dot_or_path, flags, mode, resolve) {
+            Err(Errno::NOSYS) => OPENAT2_REFUSED.store(true, Ordering::Relaxed),
+            other => return other,
+        }
+    }
+    if resolve.contains(ResolveFlags::CACHED) {
+        return Err(Errno::AGAIN);
+    }
+    let follow_symlinks = !resolve.contains(ResolveFlags::NO_SYMLINKS);
+    walk::open(dir, path, flags, mode, follow_symlinks)
 }
 
 #[cfg(test)]

@@ -400,6 +400,12 @@ fn log_sandbox_support() {
         }
         Err(e) => warn!("sandbox: {}", e.message),
     }
+    if portcullis_confine::resolver() == portcullis_confine::Resolver::Walk {
+        info!(
+            "files: openat2 is refused here (ENOSYS: systemd's RestrictSUIDSGID=, or an older kernel); \
+             paths beneath a root are resolved one component at a time, with the same rules"
+        );
+    }
     for (controller, found) in portcullis::shell::host_cgroups().report() {
         match found {
             Ok(place) => info!(
