@@ -256,6 +256,13 @@ out=$("$CLI" exec "$URL" "${C[@]}" -- sh -c \
 echo "$out" | head -1 | grep -q "No space left on device" || die "16 MiB fit in /tmp under max_tmp = 8 MiB: $out"
 echo "$out" | tail -1 | awk '{exit !($2 == 8192)}' || die "/dev/shm is not 8 MiB: $out"
 say "a command sees no admin socket, config, credentials or other environments; max_processes counts all its processes; nothing outlives it; /tmp and /dev/shm are bounded by max_tmp: ok"
+# RestrictSUIDSGID=: no set-uid file for other local users to run as the
+# service's user.
+out=$("$CLI" exec "$URL" "${C[@]}" -- sh -c \
+  'cd /srv/portcullis/workspace && echo x >suid && chmod 4755 suid; stat -c %a suid' 2>&1) || true
+echo "$out" | grep -q "Operation not permitted" || die "chmod 4755 in a root: $out"
+echo "$out" | grep -qx 600 || die "a command made a set-uid file: $out"
+say "a command cannot make a set-uid file (RestrictSUIDSGID=): ok"
 # Under the unit the daemon has no cgroups (ProtectControlGroups) and no
 # setpriority (~@resources): launchers wait at the daemon's priority, the
 # journal says why, and a command runs at nice 0 and cannot change it.
