@@ -145,6 +145,7 @@ mod tests {
     //! error.
 
     use super::*;
+    use proptest::prelude::*;
     use rustix::fs::ResolveFlags;
     use std::os::unix::fs::symlink;
     use std::path::Path;
@@ -346,6 +347,77 @@ mod tests {
             open(start.as_fd(), &looping, flags, Mode::empty(), true).err(),
             Some(Errno::LOOP)
         );
+    }
+
+    /// Names the random trees and paths below are made of: the tree's
+    /// own, the symlinks', what lies outside the root, and none.
+    const WORDS: &[&str] = &[
+        "..", ".", "a", "b", "c", "f", "g", "h", "l0", "l1", "l2", "l3", "l4", "l5", "root",
+        "secret", "missing",
+    ];
+    /// Where the random symlinks may be made.
+    const DIRS: &[&str] = &["", "a", "a/b", "c"];
+
+    fn words(max: usize) -> impl Strategy<Value = String> {
+        (
+            proptest::collection::vec(proptest::sample::select(WORDS), 1..=max),
+            proptest::bool::weighted(0.1),
+            proptest::bool::weighted(0.1),
+        )
+            .prop_map(|(words, absolute, slash)| {
+                let mut path = words.join("/");
+                if absolute {
+                    path.insert(0, '/');
+                }
+                if slash {
+                    path.push('/');
+                }
+                path
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(64))]
+
+        /// Random symlinks in a small tree (targets up, absolute, chained,
+        /// looping, through files), random paths through them: the walk
+        /// gives what `openat2` gives.
+        #[test]
+        fn the_walk_agrees_with_openat2_on_random_trees(
+            links in proptest::collection::vec((proptest::sample::select(DIRS), words(4)), 6),
+            paths in proptest::collection::vec(words(5), 48),
+        ) {
+            let base = scratch();
+            let root = base.path().join("root");
+            std::fs::create_dir_all(root.join("a/b")).unwrap();
+            std::fs::create_dir_all(root.join("c")).unwrap();
+            std::fs::write(base.path().join("secret"), "outside").unwrap();
+            for (file, dir) in [("f", ""), ("g", "a"), ("h", "a/b")] {
+                std::fs::write(root.join(dir).join(file), file).unwrap();
+            }
+            for (i, (dir, target)) in links.iter().enumerate() {
+                symlink(target, root.join(dir).join(format!("l{i}"))).unwrap();
+            }
+            let start = std::fs::File::open(&root).unwrap();
+            for path in &paths {
+                for flags in [
+                    OFlags::RDONLY,
+                    OFlags::RDONLY | OFlags::DIRECTORY,
+                    OFlags::PATH,
+                    OFlags::PATH | OFlags::NOFOLLOW,
+                ] {
+                    for follow in [false, true] {
+                        let kernel = by_kernel(&start, path, flags, follow).map(|fd| identity(&fd));
+                        let walked = open(start.as_fd(), path, flags, Mode::empty(), follow)
+                            .map(|fd| identity(&fd));
+                        prop_assert_eq!(
+                            kernel, walked,
+                            "{:?} {:?} follow={} links={:?}", path, flags, follow, links
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// Every file and symlink under `dir`, with its kind and contents.
