@@ -801,12 +801,28 @@ impl Decoder<'_> {
     }
 
     /// [`Self::opt`] for a field entries share ([`Record`]'s `Arc<str>`s).
+    /// An interned text is the table's own `Arc`, not a copy.
     fn opt_shared(
         &mut self,
         present: bool,
         reference: Option<&str>,
     ) -> Result<Option<Arc<str>>, String> {
-        Ok(self.opt(present, reference)?.map(Arc::from))
+        if !present {
+            return Ok(None);
+        }
+        let at = self.at;
+        let header = self.varint()?;
+        if header & 7 == Text::Interned as u64 {
+            return self.interned(header >> 3).map(Some);
+        }
+        self.at = at;
+        Ok(Some(Arc::from(self.text(reference, None)?)))
+    }
+
+    fn interned(&self, id: u64) -> Result<Arc<str>, String> {
+        self.strings
+            .get(id)
+            .ok_or_else(|| format!("string {id}, which the store's table lacks"))
     }
 
     /// A text; `reference` is what [`Text::SameAsReference`] stands for,
@@ -817,11 +833,7 @@ impl Decoder<'_> {
         match header & 7 {
             h if h == Text::Literal as u64 => String::from_utf8(self.take(value)?.to_vec())
                 .map_err(|_| "a text that is not UTF-8".into()),
-            h if h == Text::Interned as u64 => self
-                .strings
-                .get(value)
-                .map(|s| s.to_string())
-                .ok_or_else(|| format!("string {value}, which the store's table lacks")),
+            h if h == Text::Interned as u64 => self.interned(value).map(|s| s.to_string()),
             h if h == Text::Hex as u64 => Ok(hex::encode(self.take(value)?)),
             h if h == Text::Time as u64 => Ok(time_text(unzigzag(self.varint()?))?),
             h if h == Text::SameAsReference as u64 => reference
