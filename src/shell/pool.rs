@@ -63,6 +63,13 @@ use portcullis_wire::frame::ErrorBody;
 /// Idle launchers kept of each kind: enough for commands run one after
 /// another, or two at a time, to find one waiting.
 const IDLE: usize = 2;
+/// How long a launcher taken from a pool that still has one waiting lets
+/// its command run before its replacement is started: about what a world
+/// takes to build. A world built at that moment slows the command just
+/// released, even at the lowest CPU priority (bench/README.md); the one
+/// still waiting covers the next command meanwhile. A take sooner than
+/// this after the last one of its kind starts the replacement at once.
+const REFILL_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
 /// Kinds kept idle launchers of; the one used longest ago gives way.
 const KINDS: usize = 8;
 
@@ -174,6 +181,8 @@ struct Pool {
     starting: HashMap<Kind, usize>,
     /// Kinds by when a launcher was last taken, most recent last.
     recent: Vec<Kind>,
+    /// When a launcher of each kind was last taken.
+    taken_at: HashMap<Kind, std::time::Instant>,
 }
 
 impl Pool {
@@ -184,6 +193,7 @@ impl Pool {
         if self.recent.len() > KINDS {
             let old = self.recent.remove(0);
             self.idle.remove(&old);
+            self.taken_at.remove(&old);
         }
     }
 }
@@ -213,17 +223,32 @@ impl Launchers {
     /// A launcher waiting for its arguments on stdin: an idle one if there
     /// is one, else one started now — on a blocking thread, since a spawn
     /// waits for the child's exec and would stall every session on this
-    /// runtime worker meanwhile. Either way the idle ones are topped up.
+    /// runtime worker meanwhile. Either way the idle ones are topped up:
+    /// [`REFILL_AFTER`] later if one still waits, else at once.
     pub(super) async fn take(&self, kind: Kind) -> Result<Waiting, ErrorBody> {
-        let idle = with_pool(&self.pool, |pool| {
+        let (idle, refill_now) = with_pool(&self.pool, |pool| {
             pool.used(&kind);
+            let now = std::time::Instant::now();
+            let last = pool.taken_at.insert(kind.clone(), now);
             let idle = pool.idle.entry(kind.clone()).or_default();
             // One that exited while idle (killed from outside) is dropped.
-            std::iter::from_fn(|| idle.pop()).find_map(|mut waiting| {
+            let taken = std::iter::from_fn(|| idle.pop()).find_map(|mut waiting| {
                 matches!(waiting.child.try_wait(), Ok(None)).then_some(waiting)
-            })
+            });
+            let in_a_burst = last.is_some_and(|last| now - last < REFILL_AFTER);
+            (taken, idle.is_empty() || in_a_burst)
         });
-        self.refill(kind.clone());
+        match refill_now {
+            true => self.refill(kind.clone()),
+            false => {
+                let (pool, requests) = (self.pool.clone(), self.starter().requests.clone());
+                let kind = kind.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(REFILL_AFTER).await;
+                    refill(&pool, &requests, kind);
+                });
+            }
+        }
         match idle {
             Some(waiting) => {
                 let pid = waiting.child.id().and_then(|id| Pid::from_raw(id as i32));
@@ -255,21 +280,7 @@ impl Launchers {
     /// Has the starter thread start launchers of `kind` until `IDLE` are
     /// idle or starting.
     fn refill(&self, kind: Kind) {
-        let wanted = with_pool(&self.pool, |pool| {
-            let idle = pool.idle.get(&kind).map_or(0, Vec::len);
-            let starting = pool.starting.entry(kind.clone()).or_default();
-            let wanted = IDLE.saturating_sub(idle + *starting);
-            *starting += wanted;
-            wanted
-        });
-        if wanted > 0 {
-            let request = (wanted, kind.clone(), Handle::current());
-            if self.starter().requests.send(request).is_err() {
-                with_pool(&self.pool, |pool| {
-                    pool.starting.entry(kind).and_modify(|n| *n -= wanted);
-                });
-            }
-        }
+        refill(&self.pool, &self.starter().requests, kind);
     }
 
     /// The nice value a launcher from the pool is to take back (`--nice`):
@@ -281,6 +292,29 @@ impl Launchers {
     fn starter(&self) -> &Starter {
         self.starter
             .get_or_init(|| Starter::new(self.pool.clone(), self.egress.clone()))
+    }
+}
+
+/// Asks the starter for as many launchers of `kind` as the pool lacks
+/// (none if it is full, or they are being started already).
+fn refill(pool: &Mutex<Pool>, requests: &mpsc::Sender<StartRequest>, kind: Kind) {
+    let wanted = with_pool(pool, |pool| {
+        if !pool.recent.contains(&kind) {
+            return 0; // pushed out meanwhile
+        }
+        let idle = pool.idle.get(&kind).map_or(0, Vec::len);
+        let starting = pool.starting.entry(kind.clone()).or_default();
+        let wanted = IDLE.saturating_sub(idle + *starting);
+        *starting += wanted;
+        wanted
+    });
+    if wanted > 0 {
+        let request = (wanted, kind.clone(), Handle::current());
+        if requests.send(request).is_err() {
+            with_pool(pool, |pool| {
+                pool.starting.entry(kind).and_modify(|n| *n -= wanted);
+            });
+        }
     }
 }
 
@@ -324,12 +358,16 @@ fn start(kind: &Kind, egress: &Egress, lowest_weight: bool) -> Result<Waiting, E
 struct Starter {
     /// How many launchers of which kind to start, and the runtime their
     /// `Child` lives in. Dropping it ends the thread.
-    requests: mpsc::Sender<(usize, Kind, Handle)>,
+    requests: mpsc::Sender<StartRequest>,
     /// One launcher to start at once, for a command waiting for it (the
     /// pool ran dry), on a thread of its own at the daemon's priority.
     now: mpsc::Sender<StartNow>,
     restored_nice: Option<i32>,
 }
+
+/// How many launchers of which kind to start, and the runtime their
+/// `Child` lives in.
+type StartRequest = (usize, Kind, Handle);
 
 type StartNow = (
     Kind,
@@ -366,7 +404,7 @@ impl Starter {
                 }
             },
         };
-        let (requests, received) = mpsc::channel::<(usize, Kind, Handle)>();
+        let (requests, received) = mpsc::channel::<StartRequest>();
         let lowered = restored_nice.is_some();
         let thread = std::thread::Builder::new()
             .name("launcher-starter".into())
