@@ -228,26 +228,38 @@ impl Root {
 /// empty) and [`Root::open_cached`] (`RESOLVE_CACHED`).
 fn open_root_dir(terms: &RootSpec<'_>, resolve: ResolveFlags) -> Result<OwnedFd, Errno> {
     let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    if !OPENAT2_REFUSED.load(Ordering::Relaxed) {
-        match rustix::fs::openat2(
-            rustix::fs::CWD,
-            terms.host_root,
-            flags,
-            Mode::empty(),
-            resolve,
-        ) {
-            Err(Errno::NOSYS) => OPENAT2_REFUSED.store(true, Ordering::Relaxed),
-            other => return other,
-        }
+    let cwd = rustix::fs::CWD;
+    if let Some(opened) = openat2(cwd, terms.host_root, flags, Mode::empty(), resolve) {
+        return opened;
     }
     if resolve.contains(ResolveFlags::CACHED) {
         return Err(Errno::AGAIN);
     }
-    rustix::fs::openat(rustix::fs::CWD, terms.host_root, flags, Mode::empty())
+    rustix::fs::openat(cwd, terms.host_root, flags, Mode::empty())
 }
 
 /// Set once `openat2` has answered `ENOSYS`: every later open walks.
 static OPENAT2_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// One `openat2`, or `None` where it is refused (`ENOSYS`, remembered).
+fn openat2(
+    dir: BorrowedFd<'_>,
+    path: impl rustix::path::Arg,
+    flags: OFlags,
+    mode: Mode,
+    resolve: ResolveFlags,
+) -> Option<Result<OwnedFd, Errno>> {
+    if OPENAT2_REFUSED.load(Ordering::Relaxed) {
+        return None;
+    }
+    match rustix::fs::openat2(dir, path, flags, mode, resolve) {
+        Err(Errno::NOSYS) => {
+            OPENAT2_REFUSED.store(true, Ordering::Relaxed);
+            None
+        }
+        other => Some(other),
+    }
+}
 
 /// How paths are resolved beneath a root on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,22 +274,17 @@ pub enum Resolver {
 /// Tries `openat2` once, so that the answer is known (and can be said)
 /// before the first request.
 pub fn resolver() -> Resolver {
-    if !OPENAT2_REFUSED.load(Ordering::Relaxed) {
-        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let probe = rustix::fs::openat2(
-            rustix::fs::CWD,
-            ".",
-            flags,
-            Mode::empty(),
-            ResolveFlags::BENEATH,
-        );
-        if matches!(probe, Err(Errno::NOSYS)) {
-            OPENAT2_REFUSED.store(true, Ordering::Relaxed);
-        }
-    }
-    match OPENAT2_REFUSED.load(Ordering::Relaxed) {
-        true => Resolver::Walk,
-        false => Resolver::Openat2,
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let probe = openat2(
+        rustix::fs::CWD,
+        ".",
+        flags,
+        Mode::empty(),
+        ResolveFlags::BENEATH,
+    );
+    match probe {
+        Some(_) => Resolver::Openat2,
+        None => Resolver::Walk,
     }
 }
 
@@ -293,12 +300,9 @@ fn openat2_or_walk(
     resolve: ResolveFlags,
 ) -> Result<OwnedFd, Errno> {
     let flags = flags | OFlags::CLOEXEC;
-    if !OPENAT2_REFUSED.load(Ordering::Relaxed) {
-        let dot_or_path = if path.is_empty() { "." } else { path };
-        match rustix::fs::openat2(dir, dot_or_path, flags, mode, resolve) {
-            Err(Errno::NOSYS) => OPENAT2_REFUSED.store(true, Ordering::Relaxed),
-            other => return other,
-        }
+    let dot_or_path = if path.is_empty() { "." } else { path };
+    if let Some(opened) = openat2(dir, dot_or_path, flags, mode, resolve) {
+        return opened;
     }
     if resolve.contains(ResolveFlags::CACHED) {
         return Err(Errno::AGAIN);
