@@ -122,7 +122,7 @@ const SLASH: &[u8] = b"/";
 /// after its last name, which is then walked into as a directory.
 fn push_components(pending: &mut Vec<Vec<u8>>, path: &[u8]) {
     let components = path.split(|&b| b == b'/');
-    match path.split(|&b| b == b'/').next_back() {
+    match components.clone().next_back() {
         _ if path.is_empty() => {}
         Some(b"") => pending.push(SLASH.to_vec()),
         Some(b".") => pending.push(b".".to_vec()),

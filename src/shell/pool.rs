@@ -179,22 +179,26 @@ struct Pool {
     idle: HashMap<Kind, Vec<Waiting>>,
     /// Being started in the background.
     starting: HashMap<Kind, usize>,
-    /// Kinds by when a launcher was last taken, most recent last.
-    recent: Vec<Kind>,
-    /// When a launcher of each kind was last taken.
-    taken_at: HashMap<Kind, std::time::Instant>,
+    /// Kinds and when a launcher of each was last taken, most recent last.
+    recent: Vec<(Kind, std::time::Instant)>,
 }
 
 impl Pool {
-    /// Notes `kind` as just used; a kind pushed out drops its launchers.
-    fn used(&mut self, kind: &Kind) {
-        self.recent.retain(|k| k != kind);
-        self.recent.push(kind.clone());
+    /// Notes `kind` as used `now`; a kind pushed out drops its launchers.
+    /// Returns when it was used before.
+    fn used(&mut self, kind: &Kind, now: std::time::Instant) -> Option<std::time::Instant> {
+        let before = self.recent.iter().position(|(k, _)| k == kind);
+        let last = before.map(|i| self.recent.remove(i).1);
+        self.recent.push((kind.clone(), now));
         if self.recent.len() > KINDS {
-            let old = self.recent.remove(0);
+            let (old, _) = self.recent.remove(0);
             self.idle.remove(&old);
-            self.taken_at.remove(&old);
         }
+        last
+    }
+
+    fn is_recent(&self, kind: &Kind) -> bool {
+        self.recent.iter().any(|(k, _)| k == kind)
     }
 }
 
@@ -227,9 +231,8 @@ impl Launchers {
     /// [`REFILL_AFTER`] later if one still waits, else at once.
     pub(super) async fn take(&self, kind: Kind) -> Result<Waiting, ErrorBody> {
         let (idle, refill_now) = with_pool(&self.pool, |pool| {
-            pool.used(&kind);
             let now = std::time::Instant::now();
-            let last = pool.taken_at.insert(kind.clone(), now);
+            let last = pool.used(&kind, now);
             let idle = pool.idle.entry(kind.clone()).or_default();
             // One that exited while idle (killed from outside) is dropped.
             let taken = std::iter::from_fn(|| idle.pop()).find_map(|mut waiting| {
@@ -299,7 +302,7 @@ impl Launchers {
 /// (none if it is full, or they are being started already).
 fn refill(pool: &Mutex<Pool>, requests: &mpsc::Sender<StartRequest>, kind: Kind) {
     let wanted = with_pool(pool, |pool| {
-        if !pool.recent.contains(&kind) {
+        if !pool.is_recent(&kind) {
             return 0; // pushed out meanwhile
         }
         let idle = pool.idle.get(&kind).map_or(0, Vec::len);
@@ -431,7 +434,7 @@ impl Starter {
                         with_pool(&pool, |pool| {
                             pool.starting.entry(kind.clone()).and_modify(|n| *n -= 1);
                             // A kind pushed out meanwhile keeps none.
-                            if pool.recent.contains(&kind) {
+                            if pool.is_recent(&kind) {
                                 pool.idle
                                     .entry(kind.clone())
                                     .or_default()
