@@ -31,8 +31,8 @@
 //! ([`confine_world`], which depends on the world alone and so runs before
 //! a launcher started ahead of need has its command):
 //! the world's own `/tmp` and `/dev/shm` mounted, bounded (`--tmp-size`,
-//! see [`world::mount_own_tmpfs`]), and the two capabilities bwrap left the
-//! launcher for that dropped; then ([`Prepared`], [`restrict`])
+//! see [`world::mount_inside`]) and what of `/etc` is hidden covered; the
+//! two capabilities bwrap left the launcher for that dropped; then ([`Prepared`], [`restrict`])
 //! `no_new_privs` (no setuid gains) and a
 //! seccomp filter ([`filters::priority`]) that keeps the program from
 //! changing other processes' priority or limits; a
@@ -610,9 +610,11 @@ fn run(args: SandboxArgs, raw: &[OsString], prepared: Prepared, in_own_session: 
     })
 }
 
-/// `--inside FD (ARGS… | --args-on-stdin LAYOUT…)`: the launcher bwrap
-/// starts as the first process of the command's world (see [`world`]). It
-/// confines itself as far as the world's layout says ([`confine_world`]),
+/// `--inside FD [--cover PATH]… (ARGS… | --args-on-stdin LAYOUT…)`: the
+/// launcher bwrap starts as the first process of the command's world (see
+/// [`world`]). It covers each PATH (what of `/etc` is hidden, as the
+/// launcher outside was told or looked), confines itself as far as the
+/// world's layout says ([`confine_world`]),
 /// then as far as the command does ([`settle`]), runs the program as its
 /// child and tells the launcher outside how it ended. Its stdin is that
 /// report's pipe; FD is the program's stdin. With `--args-on-stdin` it was
@@ -630,10 +632,18 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
     if let Err(e) = close_inherited(Some(&status)) {
         return refuse(e);
     }
+    let mut rest = rest;
+    let mut covers = Vec::new();
+    while let [flag, path, after @ ..] = rest
+        && flag == "--cover"
+    {
+        covers.push(PathBuf::from(path));
+        rest = after;
+    }
     // From the moment it is confined, this launcher (and the world with
     // it) ends as soon as the outer launcher is gone.
     let confine = |world: &SandboxArgs| {
-        confine_world(world).and_then(|prepared| {
+        confine_world(world, &covers).and_then(|prepared| {
             world::Status::watch(&status)?;
             Ok(prepared)
         })
@@ -695,12 +705,13 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
 
 /// What of a command's confinement depends on its world's layout only —
 /// its roots, network, `/tmp` size and the mechanisms a best-effort grant
-/// skips — in order: the world's own `/tmp` and `/dev/shm`, the
+/// skips — in order: the world's own `/tmp` and `/dev/shm` and the covers
+/// of what of `/etc` is `hidden`, the
 /// capabilities bwrap left dropped, `no_new_privs` and the priority filter
 /// ([`Prepared`]), then [`restrict`]. All of it before the launcher reads
 /// anything of its command.
-fn confine_world(world: &SandboxArgs) -> Result<Prepared, SetupError> {
-    world::mount_own_tmpfs(world)?;
+fn confine_world(world: &SandboxArgs, hidden: &[PathBuf]) -> Result<Prepared, SetupError> {
+    world::mount_inside(world, hidden)?;
     world::drop_capabilities()?;
     let prepared = Prepared::new(false)?;
     restrict(world, prepared.network_filtered, true)?;

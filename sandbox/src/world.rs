@@ -13,7 +13,7 @@
 //! covered (`shadow`, `gshadow`, SSH host keys, private keys, a policy file
 //! of mode 0640…) and `/etc/portcullis` empty; its granted roots at their
 //! host paths, read-only or read-write as granted; a private `/tmp` and
-//! `/dev/shm`, each bounded in bytes and in files ([`mount_own_tmpfs`]); a
+//! `/dev/shm`, each bounded in bytes and in files ([`mount_inside`]); a
 //! fresh `/proc` showing only its own processes; a minimal `/dev`. Nothing
 //! else: no `/run` (no admin socket, no credentials), no `/var`, no `/sys`,
 //! no home directories. Its hostname (a UTS namespace), SysV IPC and
@@ -166,7 +166,7 @@ pub fn hidden_in_etc() -> Result<Vec<PathBuf>, SetupError> {
 }
 
 /// bwrap's arguments for `args`' world, up to its `--`.
-fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<OsString> {
+fn bwrap_args(args: &SandboxArgs, launcher: &Path) -> Vec<OsString> {
     let mut out: Vec<OsString> = Vec::new();
     let mut push = |items: &[&OsStr]| out.extend(items.iter().map(|i| i.to_os_string()));
     let flag = |s: &'static str| OsStr::new(s);
@@ -179,7 +179,7 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
         flag("--cap-drop"),
         flag("ALL"),
         // For the launcher inside to mount its own /tmp and /dev/shm, then
-        // drop both: see `mount_own_tmpfs` and `drop_capabilities`.
+        // drop both: see `mount_inside` and `drop_capabilities`.
         flag("--cap-add"),
         flag("CAP_SYS_ADMIN"),
         flag("--cap-add"),
@@ -197,15 +197,9 @@ fn bwrap_args(args: &SandboxArgs, hidden: &[PathBuf], launcher: &Path) -> Vec<Os
             Err(_) => push(&[flag("--ro-bind-try"), flag(link), flag(link)]),
         }
     }
+    // What of /etc is hidden, the launcher inside covers (`mount_inside`):
+    // each bind of bwrap's reads the whole mount table.
     push(&[flag("--ro-bind"), flag("/etc"), flag("/etc")]);
-    for path in hidden {
-        match path.is_dir() {
-            true => push(&[flag("--tmpfs"), path.as_os_str()]),
-            // /dev/null on a mount the namespace made is `nodev`: opening
-            // the covered file fails with EACCES.
-            false => push(&[flag("--ro-bind"), flag("/dev/null"), path.as_os_str()]),
-        }
-    }
     push(&[
         flag("--proc"),
         flag("/proc"),
@@ -256,13 +250,15 @@ const MIN_INODES: u64 = 1024;
 /// [`crate::own_tmpfs`]), bounded: `--tmp-size` bytes each (default
 /// [`DEFAULT_TMP_SIZE`]) and
 /// one file per [`BYTES_PER_INODE`]; writing past either fails with
-/// `ENOSPC`. bwrap cannot bound files, and a remount of its mounts is
+/// `ENOSPC`; and covers what of `/etc` is `hidden` (see [`Covers`]).
+/// bwrap cannot bound files, and a remount of its mounts is
 /// refused: for a daemon that is not root, bwrap nests a second user
 /// namespace (the one the launcher has its capabilities in) below the one
 /// that owns the mounts. So the launcher makes a mount namespace of its
-/// own, mounts fresh tmpfs over them, and binds the roots that bwrap
-/// bound beneath them back where they were.
-pub(crate) fn mount_own_tmpfs(args: &SandboxArgs) -> Result<(), SetupError> {
+/// own, mounts over them, and binds the roots that bwrap bound beneath
+/// them back where they were. (Covering here, not with bwrap's binds, is
+/// cheaper: bwrap reads the whole mount table after each bind.)
+pub(crate) fn mount_inside(args: &SandboxArgs, hidden: &[PathBuf]) -> Result<(), SetupError> {
     let dirs = crate::own_tmpfs(args);
     use rustix::mount::{MountFlags, MountPropagationFlags};
     let os = |step| move |e: rustix::io::Errno| SetupError::os(step, e.into());
@@ -273,10 +269,13 @@ pub(crate) fn mount_own_tmpfs(args: &SandboxArgs) -> Result<(), SetupError> {
         MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
     )
     .map_err(os("a mount namespace for /tmp"))?;
+    let covers = Covers::of(hidden, args.ro.iter().chain(&args.rw))?;
+    let mut tops: Vec<&Path> = dirs.iter().map(Path::new).collect();
+    tops.extend(covers.dirs.iter().map(PathBuf::as_path));
     // Opened in this namespace (a mount of another cannot be bound here)
     // and before they are covered; the outermost only, as their binds
     // bring what lies beneath. A root bwrap left out (missing) stays out.
-    let beneath = roots_beneath(&dirs, args.ro.iter().chain(&args.rw));
+    let beneath = roots_beneath(&tops, args.ro.iter().chain(&args.rw));
     let mut held = Vec::new();
     for root in beneath {
         let flags =
@@ -284,7 +283,7 @@ pub(crate) fn mount_own_tmpfs(args: &SandboxArgs) -> Result<(), SetupError> {
         match rustix::fs::open(root, flags, rustix::fs::Mode::empty()) {
             Ok(fd) => held.push((root, fd)),
             Err(rustix::io::Errno::NOENT) => {}
-            Err(e) => return Err(SetupError::os("a root below /tmp", e.into())),
+            Err(e) => return Err(SetupError::os("a root below /tmp or /etc", e.into())),
         }
     }
     let size = args.tmp_size.unwrap_or(DEFAULT_TMP_SIZE);
@@ -296,21 +295,108 @@ pub(crate) fn mount_own_tmpfs(args: &SandboxArgs) -> Result<(), SetupError> {
         rustix::mount::mount("tmpfs", *dir, "tmpfs", flags, options.as_c_str())
             .map_err(os("mounting the world's /tmp and /dev/shm"))?;
     }
+    covers.mount()?;
     for (root, fd) in held {
-        std::fs::create_dir_all(root).map_err(|e| SetupError::os("a root below /tmp", e))?;
+        std::fs::create_dir_all(root)
+            .map_err(|e| SetupError::os("a root below /tmp or /etc", e))?;
         let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
         rustix::mount::mount_bind_recursive(source.as_str(), root)
-            .map_err(os("binding a root below /tmp"))?;
+            .map_err(os("binding a root below /tmp or /etc"))?;
     }
-    Ok(())
+    covers.seal()
+}
+
+/// What covers the entries of `/etc` a command must not see
+/// ([`hidden_in_etc`]): a directory gets an empty tmpfs, read-only once
+/// the roots beneath it are bound back; a file gets `/dev/null` bound over
+/// it, read-only and `nodev`, so opening it fails with `EACCES`. An entry
+/// at or beneath a granted root is not covered: the operator granted it,
+/// and bwrap bound the root over `/etc`'s view of it. One gone since it
+/// was looked at needs no cover.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Covers {
+    dirs: Vec<PathBuf>,
+    files: Vec<PathBuf>,
+}
+
+impl Covers {
+    fn of<'a>(
+        hidden: &[PathBuf],
+        roots: impl Iterator<Item = &'a PathBuf> + Clone,
+    ) -> Result<Self, SetupError> {
+        let mut covers = Self::default();
+        for path in hidden {
+            if roots.clone().any(|root| path.starts_with(root)) {
+                continue;
+            }
+            match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => covers.dirs.push(path.clone()),
+                Ok(_) => covers.files.push(path.clone()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(SetupError::os("an entry of /etc to cover", e)),
+            }
+        }
+        Ok(covers)
+    }
+
+    fn mount(&self) -> Result<(), SetupError> {
+        use rustix::mount::MountFlags;
+        let os = |step| move |e: rustix::io::Errno| SetupError::os(step, e.into());
+        let sealed = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+        for dir in &self.dirs {
+            rustix::mount::mount("tmpfs", dir, "tmpfs", sealed, c"size=4096,mode=0755")
+                .map_err(os("covering a directory of /etc"))?;
+        }
+        if self.files.is_empty() {
+            return Ok(());
+        }
+        // A remount must keep the flags the kernel locked on the source
+        // (bwrap's /dev): add to them, never drop one.
+        let kept = rustix::fs::statvfs("/dev/null").map_err(os("/dev/null"))?;
+        let mut flags = sealed | MountFlags::BIND | MountFlags::RDONLY;
+        for (has, flag) in [
+            (rustix::fs::StatVfsMountFlags::NOATIME, MountFlags::NOATIME),
+            (
+                rustix::fs::StatVfsMountFlags::NODIRATIME,
+                MountFlags::NODIRATIME,
+            ),
+            (
+                rustix::fs::StatVfsMountFlags::RELATIME,
+                MountFlags::RELATIME,
+            ),
+        ] {
+            if kept.f_flag.contains(has) {
+                flags |= flag;
+            }
+        }
+        for file in &self.files {
+            rustix::mount::mount_bind("/dev/null", file).map_err(os("covering a file of /etc"))?;
+            rustix::mount::mount_remount(file, flags, c"")
+                .map_err(os("covering a file of /etc read-only"))?;
+        }
+        Ok(())
+    }
+
+    /// Makes the directories' covers read-only, once the roots beneath
+    /// them have their mount points.
+    fn seal(&self) -> Result<(), SetupError> {
+        use rustix::mount::MountFlags;
+        let flags =
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC | MountFlags::RDONLY;
+        for dir in &self.dirs {
+            rustix::mount::mount_remount(dir, flags, c"")
+                .map_err(|e| SetupError::os("covering a directory of /etc read-only", e.into()))?;
+        }
+        Ok(())
+    }
 }
 
 /// The roots strictly beneath one of `dirs`, outermost only (one beneath
 /// another comes with it).
-fn roots_beneath<'a>(dirs: &[&str], roots: impl Iterator<Item = &'a PathBuf>) -> Vec<&'a PathBuf> {
+fn roots_beneath<'a>(dirs: &[&Path], roots: impl Iterator<Item = &'a PathBuf>) -> Vec<&'a PathBuf> {
     let below = |root: &Path, dir: &Path| root != dir && root.starts_with(dir);
     let beneath: Vec<&PathBuf> = roots
-        .filter(|root| dirs.iter().any(|dir| below(root, Path::new(dir))))
+        .filter(|root| dirs.iter().any(|dir| below(root, dir)))
         .collect();
     let mut outermost: Vec<&PathBuf> = beneath
         .iter()
@@ -411,12 +497,15 @@ pub(crate) fn enter(args: &SandboxArgs, inner: Inner<'_>, hidden: &[PathBuf]) ->
     };
     let mut command = Command::new(BWRAP);
     command
-        .args(bwrap_args(args, hidden, &launcher))
+        .args(bwrap_args(args, &launcher))
         .args(held.bwrap_args())
         .arg("--")
         .arg(&launcher)
         .arg("--inside")
         .arg(stdin.as_raw_fd().to_string());
+    for path in hidden {
+        command.arg("--cover").arg(path);
+    }
     match inner {
         // This launcher's environment (a terminal's, which the daemon
         // starts with it) goes in as `--env` flags: the one inside clears
@@ -795,7 +884,7 @@ pub(crate) fn probe() -> Result<(), SetupError> {
         ..SandboxArgs::default()
     };
     let out = Command::new(BWRAP)
-        .args(bwrap_args(&args, &[], Path::new("/usr/bin/true")))
+        .args(bwrap_args(&args, Path::new("/usr/bin/true")))
         .args(["--", "/usr/bin/true"])
         .stdin(Stdio::null())
         .output()
@@ -828,18 +917,16 @@ mod tests {
         .iter()
         .map(PathBuf::from)
         .collect();
-        let beneath = roots_beneath(&["/tmp", "/dev/shm"], roots.iter());
+        let (tmp, shm) = (Path::new("/tmp"), Path::new("/dev/shm"));
+        let beneath = roots_beneath(&[tmp, shm], roots.iter());
         assert_eq!(beneath, [&roots[5], &roots[0], &roots[6]]);
         let twice = [
             PathBuf::from("/tmp/c"),
             PathBuf::from("/tmp/d"),
             PathBuf::from("/tmp/c"),
         ];
-        assert_eq!(
-            roots_beneath(&["/tmp"], twice.iter()),
-            [&twice[0], &twice[1]]
-        );
-        assert!(roots_beneath(&["/dev/shm"], roots[..5].iter()).is_empty());
+        assert_eq!(roots_beneath(&[tmp], twice.iter()), [&twice[0], &twice[1]]);
+        assert!(roots_beneath(&[shm], roots[..5].iter()).is_empty());
     }
 
     #[test]
@@ -951,11 +1038,7 @@ mod tests {
             rw: vec![PathBuf::from("/tmp/work")],
             ..SandboxArgs::default()
         };
-        let argv = bwrap_args(
-            &args,
-            &[],
-            Path::new("/usr/lib/portcullis/portcullis-sandbox"),
-        );
+        let argv = bwrap_args(&args, Path::new("/usr/lib/portcullis/portcullis-sandbox"));
         let at = |s: &str| argv.iter().position(|a| a == s).unwrap();
         assert!(at("/tmp") < at("/tmp/work"));
         assert!(!argv.iter().any(|a| a == "--unshare-net"));

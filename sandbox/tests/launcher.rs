@@ -463,3 +463,113 @@ fn bwrap_s_own_error_reaches_the_launcher_s_stderr() {
         "{stderr}"
     );
 }
+
+/// What of `/etc` the daemon says is hidden is covered inside the world,
+/// as root and as another user (whose launcher inside holds its
+/// capabilities in a user namespace nested below the one that owns
+/// bwrap's mounts): a file cannot be opened, a directory is empty but
+/// for a granted root beneath it, bound back whole, and an entry inside
+/// a granted root is not covered (the operator granted it).
+#[test]
+fn what_of_etc_is_hidden_is_covered_inside_the_world() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test runs the launcher as another user: run the suite as root (as .ci/run does)"
+    );
+    // A directory of /etc all may read, with such a subdirectory that
+    // holds a file all may read.
+    let readable = |path: &std::path::Path| {
+        let mode = std::fs::metadata(path).map_or(0, |m| {
+            std::os::unix::fs::PermissionsExt::mode(&m.permissions())
+        });
+        mode & 0o004 != 0
+    };
+    let entries = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
+        let mut found: Vec<_> = std::fs::read_dir(dir)
+            .map(|read| read.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        found.sort();
+        found
+    };
+    let is_dir = |p: &std::path::PathBuf| p.symlink_metadata().is_ok_and(|m| m.is_dir());
+    let is_file = |p: &std::path::PathBuf| p.symlink_metadata().is_ok_and(|m| m.is_file());
+    let (dir, sub, inner) = entries(std::path::Path::new("/etc"))
+        .into_iter()
+        .filter(|dir| is_dir(dir) && readable(dir))
+        .find_map(|dir| {
+            entries(&dir)
+                .into_iter()
+                .filter(|sub| is_dir(sub) && readable(sub))
+                .find_map(|sub| {
+                    let inner = entries(&sub)
+                        .into_iter()
+                        .find(|f| is_file(f) && readable(f))?;
+                    Some((dir.clone(), sub, inner))
+                })
+        })
+        .expect("a directory of /etc with a readable subdirectory and file");
+    let file = "/etc/passwd";
+    let host_listing: Vec<String> = entries(&sub)
+        .iter()
+        .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+        .collect();
+    let copy = tempfile::Builder::new()
+        .prefix("portcullis-covers-")
+        .tempdir()
+        .unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(copy.path(), mode).unwrap();
+    let launcher = copy.path().join("portcullis-sandbox");
+    std::fs::copy(env!("CARGO_BIN_EXE_portcullis-sandbox"), &launcher).unwrap();
+    let script = "cat \"$1\" >/dev/null 2>&1; echo \"file=$?\"; ls -A \"$2\"; echo --; ls -A \"$3\"; \
+                  echo --; head -c 0 \"$4\" && echo inner-read";
+    for user in [None, Some("61741")] {
+        let mut command = match user {
+            None => Command::new(&launcher),
+            Some(uid) => {
+                let mut setpriv = Command::new("setpriv");
+                setpriv
+                    .arg(format!("--reuid={uid}"))
+                    .arg(format!("--regid={uid}"))
+                    .arg("--clear-groups")
+                    .arg(&launcher);
+                setpriv
+            }
+        };
+        let out = command
+            .args(["--deny-network", "--ro"])
+            .arg(&sub)
+            .args(["--etc-looked", "--hide", file, "--hide"])
+            .arg(&dir)
+            .arg("--hide")
+            .arg(&inner)
+            .args(["--hide", "/etc/portcullis-test-gone", "--"])
+            .args(["/bin/sh", "-c", script, "sh", file])
+            .args([&dir, &sub, &inner])
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "as {user:?}: {out:?}");
+        let parts: Vec<&str> = stdout.split("--\n").collect();
+        assert_eq!(parts.len(), 3, "as {user:?}: {stdout}");
+        assert_eq!(
+            parts[0].lines().next(),
+            Some("file=1"),
+            "as {user:?}: {stdout}"
+        );
+        let sub_name = sub.file_name().unwrap().to_string_lossy();
+        assert_eq!(
+            parts[0].lines().skip(1).collect::<Vec<_>>(),
+            [&*sub_name],
+            "as {user:?}"
+        );
+        assert_eq!(
+            parts[1].lines().collect::<Vec<_>>(),
+            host_listing,
+            "as {user:?}"
+        );
+        assert_eq!(parts[2], "inner-read\n", "as {user:?}: {stdout}");
+    }
+}
