@@ -142,9 +142,11 @@ fileops = {{ main = "rw" }}
     };
     let ok = |out: &Output| assert!(out.status.success(), "{}", text(&out.stderr));
 
-    // 3 MiB and a bit up and down again; with --sha256 the gateway's
-    // digests of both directions are printed and agree.
-    let data: Vec<u8> = (0..3 * 1024 * 1024 + 77)
+    // 5 MiB and a bit up and down again (past the 4 MiB from which each
+    // side writes straight to the disk, where its file system allows);
+    // with --sha256 the gateway's digests of both directions are printed
+    // and agree.
+    let data: Vec<u8> = (0..5 * 1024 * 1024 + 77)
         .map(|i: u32| (i * 7 % 251) as u8)
         .collect();
     std::fs::write(home.join("up.bin"), &data).unwrap();
@@ -181,7 +183,7 @@ fileops = {{ main = "rw" }}
     ok(&put);
     // Progress goes to stderr (a terminal would see it redrawn in place).
     assert!(
-        text(&put.stderr).contains("/ 3.0 MiB"),
+        text(&put.stderr).contains("/ 5.0 MiB"),
         "{}",
         text(&put.stderr)
     );

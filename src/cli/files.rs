@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use crate::cli::connect::Target;
 use crate::cli::{fail, runtime};
+use portcullis::files::direct::{DIRECT_FROM, DirectFile, STAGING_BUFFER};
 
 /// A remote path: `ROOT:PATH`.
 #[derive(Clone, Debug)]
@@ -62,7 +63,9 @@ pub struct Get {
     /// The file, as ROOT:PATH.
     remote: Remote,
     /// Where to write it [default: its name, in the current directory].
-    /// Written to a temporary name and renamed once all of it arrived.
+    /// Written to a temporary name and renamed once all of it arrived; a
+    /// file of 4 MiB or more straight to the disk (`O_DIRECT`, where the
+    /// file system takes it), not through the page cache.
     local: Option<PathBuf>,
     /// fsync the file before renaming it into place (as rsync --fsync);
     /// off by default, like scp and rsync.
@@ -236,12 +239,19 @@ pub fn get(args: Get) -> ExitCode {
         ));
         let file =
             std::fs::File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
+        // A large download goes straight to the disk (as the gateway
+        // writes a large upload); a small one through the page cache.
+        let file = match size.is_some_and(|size| size >= DIRECT_FROM) {
+            true => DirectFile::new(file, STAGING_BUFFER),
+            false => DirectFile::buffered(file),
+        };
         let mut meter = Meter::new(show, size);
         let (root, path) = (&args.remote.root, &args.remote.path);
         let result = client
             .download(root, path, file, args.sha256, &mut |n| meter.update(n))
             .await;
         let finished = result.map_err(request_error).and_then(|(result, file)| {
+            let file = file.into_file();
             if args.fsync {
                 file.sync_all()
                     .map_err(|e| format!("{}: {e}", partial.display()))?;

@@ -9,7 +9,7 @@
 //! contents inline in JSON, large ones as chunks on channel 4 (file data).
 //! docs/PROTOCOL.md §7 is the reference for params and results.
 
-mod direct;
+pub mod direct;
 mod edit;
 pub mod ops;
 mod quick;

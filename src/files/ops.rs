@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::direct::Staging;
+use super::direct::{DIRECT_FROM, STAGING_BUFFER, Staging};
 use portcullis_confine::{FileError, Root};
 
 /// Deepest directory nesting `list` and recursive `delete` walk into.
@@ -735,15 +735,6 @@ pub fn copy(
 pub fn io_error(vpath: &str, e: std::io::Error) -> FileError {
     FileError::from_errno(Errno::from_io_error(&e).unwrap_or(Errno::IO), vpath)
 }
-
-/// Where in a file writes start to go straight to the disk: a multiple
-/// of `direct::ALIGN`. Smaller files are written the buffered way, as
-/// direct I/O would only add the disk's latency to each write.
-const DIRECT_FROM: u64 = 4 << 20;
-
-/// The staging buffer of a direct write: each of its fills is one write
-/// to the disk (1 MiB: as much as a session queues for one upload).
-const STAGING_BUFFER: usize = 1 << 20;
 
 /// How much of a large write may wait in the page cache before
 /// [`Writeback`] starts sending it to the disk.
