@@ -313,7 +313,7 @@ pub(crate) fn mount_inside(args: &SandboxArgs, hidden: &[PathBuf]) -> Result<(),
 /// at or beneath a granted root is not covered: the operator granted it,
 /// and bwrap bound the root over `/etc`'s view of it. One gone since it
 /// was looked at needs no cover.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 struct Covers {
     dirs: Vec<PathBuf>,
     files: Vec<PathBuf>,
