@@ -427,20 +427,7 @@ fn the_program_inherits_only_stdin_stdout_and_stderr() {
 /// launcher and bwrap).
 #[test]
 fn bwrap_s_own_error_reaches_the_launcher_s_stderr() {
-    assert!(
-        rustix::process::geteuid().is_root(),
-        "this test runs the launcher as another user: run the suite as root (as .ci/run does)"
-    );
-    // A copy the other user can reach (the build may be under a
-    // directory only root may enter, as `.ci/run`'s clone is).
-    let dir = tempfile::Builder::new()
-        .prefix("portcullis-other-user-")
-        .tempdir()
-        .unwrap();
-    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-    std::fs::set_permissions(dir.path(), mode).unwrap();
-    let launcher = dir.path().join("portcullis-sandbox");
-    std::fs::copy(env!("CARGO_BIN_EXE_portcullis-sandbox"), &launcher).unwrap();
+    let (_copy, launcher) = launcher_for_another_user();
     let out = Command::new("setpriv")
         .args([
             "--reuid=61741",
@@ -464,6 +451,26 @@ fn bwrap_s_own_error_reaches_the_launcher_s_stderr() {
     );
 }
 
+/// A copy of the launcher another user can reach (the build may be under
+/// a directory only root may enter, as `.ci/run`'s clone is), in a
+/// directory that goes when the first value is dropped. The tests that
+/// run it as another user need root.
+fn launcher_for_another_user() -> (tempfile::TempDir, std::path::PathBuf) {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test runs the launcher as another user: run the suite as root (as .ci/run does)"
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("portcullis-other-user-")
+        .tempdir()
+        .unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(dir.path(), mode).unwrap();
+    let launcher = dir.path().join("portcullis-sandbox");
+    std::fs::copy(env!("CARGO_BIN_EXE_portcullis-sandbox"), &launcher).unwrap();
+    (dir, launcher)
+}
+
 /// What of `/etc` the daemon says is hidden is covered inside the world,
 /// as root and as another user (whose launcher inside holds its
 /// capabilities in a user namespace nested below the one that owns
@@ -472,10 +479,6 @@ fn bwrap_s_own_error_reaches_the_launcher_s_stderr() {
 /// a granted root is not covered (the operator granted it).
 #[test]
 fn what_of_etc_is_hidden_is_covered_inside_the_world() {
-    assert!(
-        rustix::process::geteuid().is_root(),
-        "this test runs the launcher as another user: run the suite as root (as .ci/run does)"
-    );
     // A directory of /etc all may read, with such a subdirectory that
     // holds a file all may read.
     let readable = |path: &std::path::Path| {
@@ -513,14 +516,7 @@ fn what_of_etc_is_hidden_is_covered_inside_the_world() {
         .iter()
         .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
         .collect();
-    let copy = tempfile::Builder::new()
-        .prefix("portcullis-covers-")
-        .tempdir()
-        .unwrap();
-    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-    std::fs::set_permissions(copy.path(), mode).unwrap();
-    let launcher = copy.path().join("portcullis-sandbox");
-    std::fs::copy(env!("CARGO_BIN_EXE_portcullis-sandbox"), &launcher).unwrap();
+    let (_copy, launcher) = launcher_for_another_user();
     let script = "cat \"$1\" >/dev/null 2>&1; echo \"file=$?\"; ls -A \"$2\"; echo --; ls -A \"$3\"; \
                   echo --; head -c 0 \"$4\" && echo inner-read";
     for user in [None, Some("61741")] {
