@@ -227,6 +227,35 @@ fileops = {{ main = "rw" }}
     assert_eq!(missing.status.code(), Some(1));
     assert!(!home.join("nope.bin").exists());
     assert!(!home.join(".nope.bin.portcullis-part").exists());
+    // So does one the local disk has no room for (a 2 MiB tmpfs, which
+    // takes direct writes on this kernel, for the 5 MiB file): the
+    // error says why.
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test mounts a small tmpfs: run the suite as root (as .ci/run does)"
+    );
+    let small = home.join("small");
+    std::fs::create_dir(&small).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount a 2 MiB tmpfs");
+    let full = run(
+        "get",
+        &["main:dir/up.bin", small.join("up.bin").to_str().unwrap()],
+    );
+    let left: Vec<_> = std::fs::read_dir(&small).unwrap().flatten().collect();
+    let unmounted = Command::new("umount").arg(&small).status().unwrap();
+    assert_eq!(full.status.code(), Some(1), "{}", text(&full.stderr));
+    assert!(
+        text(&full.stderr).contains("No space left on device"),
+        "{}",
+        text(&full.stderr)
+    );
+    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(unmounted.success());
 
     // Small things: stdin up, stdout down, listing, stat.
     let mut put = Command::new(env!("CARGO_BIN_EXE_portcullis"))
@@ -307,8 +336,8 @@ fileops = {{ main = "rw" }}
         text(&usage.stderr)
     );
     // Requests answered: put (refused), mkdir, put, stat+read twice, stat
-    // (get of the missing file), write, read, list, list, stat, 2 searches,
-    // 2 deletes.
-    gw.assert_requests_audited(17);
+    // (get of the missing file), stat+read (get onto the full disk), write,
+    // read, list, list, stat, 2 searches, 2 deletes.
+    gw.assert_requests_audited(19);
     let _ = std::fs::remove_dir_all(home);
 }
