@@ -617,7 +617,7 @@ async fn a_command_s_cgroup_carries_the_grant_s_limits_and_goes_with_it() {
         assert!(Instant::now() < deadline, "the command did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    // max_processes = 3 and the sandbox's four tasks; 64 MiB; a quarter CPU.
+    // max_processes = 3 and the sandbox's three tasks; 64 MiB; a quarter CPU.
     let read = |controller: &str, files: &[&str]| {
         let dir = cgroup_dir(pid, controller).unwrap();
         let value = files
@@ -627,7 +627,7 @@ async fn a_command_s_cgroup_carries_the_grant_s_limits_and_goes_with_it() {
         (dir, value.trim().to_string())
     };
     let (pids_dir, pids) = read("pids", &["pids.max"]);
-    assert_eq!(pids, "7", "{}", pids_dir.display());
+    assert_eq!(pids, "6", "{}", pids_dir.display());
     assert!(
         pids_dir.to_string_lossy().contains("cmd-"),
         "{}",

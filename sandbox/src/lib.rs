@@ -375,7 +375,7 @@ fn waiting(flags: &[OsString]) -> ExitCode {
         Ok(prepared) => prepared,
         Err(e) => return refuse(e),
     };
-    match read_args() {
+    match read_args(None) {
         // The daemon exited (or dropped it) before it was needed.
         Ok(None) => ExitCode::from(EXIT_SANDBOX),
         Ok(Some(raw)) => match SandboxArgs::parse(raw.iter().cloned()) {
@@ -590,7 +590,7 @@ fn run(args: SandboxArgs, raw: &[OsString], prepared: Prepared, in_own_session: 
     }
     if let Err(e) = restrict(&args, prepared.network_filtered, false)
         .and_then(|()| settle(&args))
-        .and_then(|()| args.release(prepared.null))
+        .and_then(|()| args.release(prepared.null, None))
     {
         return refuse(e);
     }
@@ -641,18 +641,15 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
         rest = after;
     }
     // From the moment it is confined, this launcher (and the world with
-    // it) ends as soon as the outer launcher is gone.
-    let confine = |world: &SandboxArgs| {
-        confine_world(world, &covers).and_then(|prepared| {
-            world::Status::watch(&status)?;
-            Ok(prepared)
-        })
-    };
+    // it) ends as soon as the outer launcher is gone: everything it waits
+    // for after that, it waits for watching the status pipe too
+    // (`world::readable`).
+    let confine = |world: &SandboxArgs| confine_world(world, &covers);
     let confined = match rest.split_first() {
         Some((first, layout)) if first == "--args-on-stdin" => {
             Layout::parse(layout).and_then(|layout| {
                 let prepared = confine(&layout.args())?;
-                let Some(raw) = read_args()? else {
+                let Some(raw) = read_args(Some(&status))? else {
                     return Ok(None);
                 };
                 let args = SandboxArgs::parse(raw.into_iter())?;
@@ -687,7 +684,7 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
             // Landlock ruleset and seccomp filters.
             egress::bridge()?;
         }
-        args.release(prepared.null)
+        args.release(prepared.null, Some(&status))
     });
     if let Err(e) = ready {
         return refuse(e);
@@ -816,10 +813,14 @@ impl SandboxArgs {
     }
 
     /// With `--await-release`, waits for it (and with `--stdin-null` puts
-    /// `null` on stdin).
-    fn release(&self, null: std::fs::File) -> Result<(), SetupError> {
+    /// `null` on stdin); inside a world, watching the status pipe.
+    fn release(
+        &self,
+        null: std::fs::File,
+        watched: Option<&std::fs::File>,
+    ) -> Result<(), SetupError> {
         match self.await_release {
-            true => await_release(self.stdin_null.then_some(null)),
+            true => await_release(self.stdin_null.then_some(null), watched),
             false => Ok(()),
         }
     }
@@ -899,9 +900,10 @@ fn split_u32(bytes: &[u8]) -> Option<(usize, &[u8])> {
 
 /// Reads the arguments from stdin, exactly (what follows is the release
 /// byte and the program's input). `None`: stdin ended before they began.
-fn read_args() -> Result<Option<Vec<OsString>>, SetupError> {
+fn read_args(watched: Option<&std::fs::File>) -> Result<Option<Vec<OsString>>, SetupError> {
     let mut head = [0u8; 4];
-    let read = |buf: &mut [u8]| read_exact_stdin(buf).map_err(|e| SetupError::os("arguments", e));
+    let read =
+        |buf: &mut [u8]| read_exact_stdin(buf, watched).map_err(|e| SetupError::os("arguments", e));
     match read(&mut head)? {
         0 => return Ok(None),
         4 => {}
@@ -922,9 +924,18 @@ fn read_args() -> Result<Option<Vec<OsString>>, SetupError> {
 
 /// Fills `buf` from fd 0 without reading beyond it (std's `Stdin` would
 /// buffer ahead); returns how much it filled before the end of input.
-fn read_exact_stdin(buf: &mut [u8]) -> Result<usize, std::io::Error> {
+/// With `watched` (the status pipe of a launcher inside a world), each
+/// wait is [`world::readable`]'s.
+fn read_exact_stdin(
+    buf: &mut [u8],
+    watched: Option<&std::fs::File>,
+) -> Result<usize, std::io::Error> {
+    use std::os::fd::AsFd as _;
     let mut filled = 0;
     while filled < buf.len() {
+        if let Some(status) = watched {
+            world::readable(std::io::stdin().as_fd(), status)?;
+        }
         match rustix::io::read(std::io::stdin(), &mut buf[filled..]) {
             Ok(0) => break,
             Ok(n) => filled += n,
@@ -938,9 +949,12 @@ fn read_exact_stdin(buf: &mut [u8]) -> Result<usize, std::io::Error> {
 /// Waits for the daemon's [`RELEASE`] byte on stdin, reading exactly one
 /// byte (the request's input follows it), then puts `null` (/dev/null), if
 /// given, in its place.
-fn await_release(null: Option<std::fs::File>) -> Result<(), SetupError> {
+fn await_release(
+    null: Option<std::fs::File>,
+    watched: Option<&std::fs::File>,
+) -> Result<(), SetupError> {
     let mut byte = [0u8; 1];
-    match read_exact_stdin(&mut byte) {
+    match read_exact_stdin(&mut byte, watched) {
         Ok(1) if byte == RELEASE => {}
         Ok(_) => return Err(SetupError::NotReleased),
         Err(e) => return Err(SetupError::os("waiting for the release", e)),

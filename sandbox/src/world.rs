@@ -44,10 +44,11 @@
 //!
 //! The chain of deaths when the daemon dies, even by SIGKILL: the
 //! launcher's parent-death signal (set before it does anything, see the
-//! crate's text); then the launcher inside, which watches the status
-//! pipe from the moment it is confined and ends when its reader, the
-//! launcher outside, is gone ([`Status::watch`]), taking the world with
-//! it as its init; then bwrap's monitor, whose child that was. One that
+//! crate's text); then the launcher inside, which from the moment it is
+//! confined watches the status pipe in everything it waits for — its
+//! arguments, its release, its program — and ends when the pipe's reader,
+//! the launcher outside, is gone ([`readable`]), taking the world with it
+//! as its init; then bwrap's monitor, whose child that was. One that
 //! finds the reader gone when it starts runs nothing
 //! ([`Status::reader_gone`]). bwrap's own `--die-with-parent` is not
 //! used: its monitor, killed between making the world's first process and
@@ -725,6 +726,17 @@ impl Status {
     pub(crate) fn run(mut status: std::fs::File, mut program: Command) -> ExitCode {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
+        // Every child's end, as a byte on a pipe this launcher polls
+        // beside the status pipe (`reap_until`). Handlers do not survive
+        // exec: the program starts with SIGCHLD's default.
+        let children = std::io::pipe().and_then(|(ended, wake)| {
+            signal_hook::low_level::pipe::register(libc::SIGCHLD, wake)?;
+            Ok(ended)
+        });
+        let mut children = match children {
+            Ok(ended) => ended,
+            Err(e) => return refuse(SetupError::os("a SIGCHLD handler", e)),
+        };
         let mut arrived: Vec<(Signal, Arc<AtomicBool>)> = Vec::with_capacity(RELAYED.len());
         for signal in RELAYED {
             let flag = Arc::new(AtomicBool::new(false));
@@ -752,7 +764,7 @@ impl Status {
                     }
                 }
             }
-            reap_until(child.id())
+            reap_until(child.id(), &mut children, &status)
         });
         let line = match waited {
             Ok(exit) => match (exit.exit_status(), exit.terminating_signal()) {
@@ -792,37 +804,6 @@ impl Status {
         }
     }
 
-    /// The inner launcher's side: ends this process, and with it (the
-    /// world's init) every process in the world, as soon as the outer
-    /// launcher is gone — the daemon died (the outer launcher's
-    /// parent-death signal), or the launcher was killed on its own. A
-    /// thread waits for the status pipe's reader to go; started once
-    /// this process is confined, it is confined alike, and holds the
-    /// relayed signals blocked as the main thread still does.
-    pub(crate) fn watch(status: &std::fs::File) -> Result<(), SetupError> {
-        use rustix::event::{PollFd, PollFlags, poll};
-        let watched = status
-            .try_clone()
-            .map_err(|e| SetupError::os("the status pipe", e))?;
-        let watch = move || {
-            loop {
-                // No events asked: a pipe's write end polls as an error
-                // once its last reader is closed, and only then.
-                let mut fds = [PollFd::new(&watched, PollFlags::empty())];
-                match poll(&mut fds, None) {
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Ok(_) if fds[0].revents().is_empty() => continue,
-                    _ => std::process::exit(EXIT_SANDBOX.into()),
-                }
-            }
-        };
-        std::thread::Builder::new()
-            .name("outer-watch".into())
-            .spawn(watch)
-            .map(drop)
-            .map_err(|e| SetupError::os("a thread watching the outer launcher", e))
-    }
-
     /// Ends this process the way the program ended.
     fn reproduce(self) -> ExitCode {
         match self {
@@ -857,17 +838,58 @@ impl Status {
 /// Waits for the program (`pid`) to end, reaping whatever else ends
 /// meanwhile: this launcher is the world's init (`--as-pid-1`), so every
 /// process orphaned in the world becomes its child, and one left a zombie
-/// would keep its pid (counted against the grant's process limits).
-fn reap_until(pid: u32) -> std::io::Result<rustix::process::WaitStatus> {
+/// would keep its pid (counted against the grant's process limits). Each
+/// child's end is a byte on `children` (SIGCHLD's pipe), emptied before
+/// the children are reaped, so none that ends meanwhile is missed.
+fn reap_until(
+    pid: u32,
+    children: &mut std::io::PipeReader,
+    status: &std::fs::File,
+) -> std::io::Result<rustix::process::WaitStatus> {
+    use rustix::process::{WaitOptions, wait};
     let program = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)
         .ok_or_else(|| std::io::Error::other("the program has no pid"))?;
     loop {
-        match rustix::process::wait(rustix::process::WaitOptions::empty()) {
-            Ok(Some((pid, status))) if pid == program => return Ok(status),
-            Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+        loop {
+            match wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, status))) if pid == program => return Ok(status),
+                Ok(Some(_)) | Err(rustix::io::Errno::INTR) => continue,
+                Ok(None) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        readable(children.as_fd(), status)?;
+        // Readable: this read does not block.
+        let _ = children.read(&mut [0u8; 64]);
+    }
+}
+
+/// Waits until `fd` is readable (or at its end), as a launcher inside a
+/// world waits for anything once it is confined: should the outer
+/// launcher — the status pipe's one reader — go first (the daemon died,
+/// or the launcher was killed on its own), this process ends at once, and
+/// with it, the world's init, every process in the world. A pipe's write
+/// end polls as an error once its last reader is closed, and only then.
+/// (A thread of its own watched the pipe before: one more task per world,
+/// counted against the grant's process limits.)
+pub(crate) fn readable(
+    fd: std::os::fd::BorrowedFd<'_>,
+    status: &std::fs::File,
+) -> std::io::Result<()> {
+    use rustix::event::{PollFd, PollFlags, poll};
+    loop {
+        let mut fds = [
+            PollFd::new(&fd, PollFlags::IN),
+            PollFd::new(status, PollFlags::empty()),
+        ];
+        match poll(&mut fds, None) {
+            Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
+            Ok(_) if !fds[1].revents().is_empty() => std::process::exit(EXIT_SANDBOX.into()),
+            Ok(_) if !fds[0].revents().is_empty() => return Ok(()),
+            Ok(_) => continue,
         }
     }
 }

@@ -387,6 +387,87 @@ fn a_launcher_killed_while_making_its_world_leaves_nothing() {
     );
 }
 
+/// A launcher killed once its world has its command — while it waits for
+/// the release, or while the program runs — takes the world with it: the
+/// launcher inside watches the status pipe in every wait, not only while
+/// it waits for its arguments. Their stdin stays open, as in the test
+/// above.
+#[test]
+fn a_launcher_killed_after_its_command_came_takes_its_world_with_it() {
+    let dir = tempfile::Builder::new()
+        .prefix("portcullis-killed-later-")
+        .tempdir()
+        .unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let named = |pid: i32| -> Option<Vec<u8>> {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let names_it = cmdline.split(|b| *b == 0).any(|arg| arg == root.as_bytes());
+        names_it.then_some(cmdline)
+    };
+    // Processes naming the root: the launchers and bwrap by `--rw`, the
+    // program (`sh`) by its `$0`.
+    let left = || -> Vec<(i32, Vec<u8>)> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|entry| {
+                let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+                named(pid).map(|cmdline| (pid, cmdline))
+            })
+            .collect()
+    };
+    let runs_sh = |found: &[(i32, Vec<u8>)]| found.iter().any(|(_, c)| c.starts_with(b"/bin/sh\0"));
+    for released in [false, true] {
+        let mut child = waiting_launcher(Some(dir.path()));
+        drop((child.stdout.take(), child.stderr.take()));
+        let mut args: Vec<OsString> = vec!["--rw".into(), root.clone().into()];
+        args.extend(["--deny-network", "--await-release", "--stdin-null"].map(OsString::from));
+        args.extend(["--", "/bin/sh", "-c", "sleep 30; :"].map(OsString::from));
+        args.push(root.clone().into());
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&encode_args(&args)).unwrap();
+        if released {
+            stdin.write_all(b"g").unwrap();
+        }
+        let started = std::time::Instant::now();
+        let ready = |found: &[(i32, Vec<u8>)]| match released {
+            true => runs_sh(found),
+            // The monitor, the launcher inside and this one.
+            false => found.len() >= 3,
+        };
+        while !ready(&left()) && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Time to read its arguments and settle, when not released.
+        std::thread::sleep(Duration::from_millis(200));
+        let found = left();
+        assert!(ready(&found), "released {released}: not ready: {found:?}");
+        assert_eq!(runs_sh(&found), released, "{found:?}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let started = std::time::Instant::now();
+        let mut survivors = left();
+        while !survivors.is_empty() && started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+            survivors = left();
+        }
+        for (pid, _) in &survivors {
+            if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        drop(stdin);
+        let described: Vec<String> = survivors
+            .iter()
+            .map(|(pid, cmdline)| format!("{pid}: {}", String::from_utf8_lossy(cmdline)))
+            .collect();
+        assert!(
+            survivors.is_empty(),
+            "released {released}: the world outlived its launcher: {described:#?}"
+        );
+    }
+}
+
 /// A descriptor the launcher's parent left open does not reach the
 /// program, in a world or not; nor does any the launchers or bwrap held.
 #[test]

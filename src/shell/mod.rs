@@ -1104,9 +1104,8 @@ fn launcher_args(
     };
     args.extend(io_flags.iter().map(OsString::from));
     // In its own world the command's processes are counted in its own
-    // user namespace, where the launcher inside (its init) and its
-    // watching thread are more, and (RLIMIT_NPROC counts threads) the
-    // egress bridge's threads.
+    // user namespace, where the launcher inside (its init) is one more,
+    // and (RLIMIT_NPROC counts threads) the egress bridge's threads.
     let max_processes = u64::from(terms.max_processes).min(terms.limits.pids.unwrap_or(u64::MAX));
     let processes = world.then_some(max_processes + WORLD_PROCESSES + bridge_tasks(network));
     // A memory cgroup takes `max_memory`; RLIMIT_AS only where there is none.
@@ -1161,11 +1160,11 @@ fn world_tmp_size(terms: &ShellTerms) -> Option<u64> {
 }
 
 /// Tasks of a command's world that are not the command's: the launcher
-/// inside (its init) and its thread watching the launcher outside.
-const WORLD_PROCESSES: u64 = 2;
+/// inside (its init; one thread).
+const WORLD_PROCESSES: u64 = 1;
 /// Tasks in a command's cgroup that are not the command's: the launcher,
-/// bwrap's monitor, the launcher inside and its watching thread.
-const CGROUP_PROCESSES: u64 = 4;
+/// bwrap's monitor and the launcher inside.
+const CGROUP_PROCESSES: u64 = 3;
 
 /// This host's cgroups for commands (looked for once; see `cgroup.rs`).
 pub fn host_cgroups() -> &'static cgroup::Cgroups {
