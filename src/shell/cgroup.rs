@@ -325,23 +325,73 @@ impl CommandCgroup {
 }
 
 impl Drop for CommandCgroup {
-    /// Kills what is left and removes the directories, on a thread of its
-    /// own: a cgroup can be removed only once its last process is gone.
+    /// Kills what is left and removes the directories, on the remover's
+    /// thread: a cgroup can be removed only once its last process is gone.
     fn drop(&mut self) {
         let dirs = std::mem::take(&mut self.dirs);
-        let _ = std::thread::Builder::new()
+        if !dirs.is_empty() {
+            remove_later(dirs);
+        }
+    }
+}
+
+/// A cgroup's directories, as [`CommandCgroup`] holds them.
+type Dirs = Vec<(PathBuf, bool, Vec<Controller>)>;
+
+/// Hands `dirs` to the one thread that removes command cgroups (started
+/// at the first), which kills what is in them and removes each once it is
+/// empty, trying again every [`REMOVE_EVERY`], at most [`REMOVE_TRIES`]
+/// times. One thread for all: starting one per command put a thread's
+/// start on every answer's path (bench/README.md).
+fn remove_later(dirs: Dirs) {
+    static REMOVER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Dirs>>> =
+        std::sync::OnceLock::new();
+    let remover = REMOVER.get_or_init(|| {
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
             .name("cgroup-remove".into())
-            .spawn(move || {
-                kill_all(&dirs);
-                for (dir, _, _) in &dirs {
-                    for _ in 0..100 {
-                        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                }
-            });
+            .spawn(move || remove_all(&receive))
+            .ok()
+            .map(|_| send)
+    });
+    // Without the thread (none could be started), left to the next start's
+    // `remove_stale`.
+    if let Some(remover) = remover {
+        let _ = remover.send(dirs);
+    }
+}
+
+/// How often an emptied cgroup that could not be removed is tried again.
+const REMOVE_EVERY: Duration = Duration::from_millis(20);
+/// How many times, about 2 s in all.
+const REMOVE_TRIES: u32 = 100;
+
+/// The remover's loop: each cgroup killed as it comes, then every
+/// directory not yet removed tried again each [`REMOVE_EVERY`], so a slow
+/// one (a v1 memory cgroup's removal is slow work in the kernel) holds up
+/// no other.
+fn remove_all(receive: &std::sync::mpsc::Receiver<Dirs>) {
+    let mut pending: Vec<(PathBuf, u32)> = Vec::new();
+    loop {
+        let came = match pending.is_empty() {
+            true => receive.recv().ok(),
+            false => match receive.recv_timeout(REMOVE_EVERY) {
+                Ok(dirs) => Some(dirs),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+        };
+        if let Some(dirs) = came {
+            kill_all(&dirs);
+            pending.extend(dirs.into_iter().map(|(dir, _, _)| (dir, 0)));
+        } else if pending.is_empty() {
+            return;
+        }
+        pending.retain_mut(|(dir, tries)| {
+            *tries += 1;
+            let gone = std::fs::remove_dir(&*dir).is_ok() || !dir.exists();
+            !gone && *tries < REMOVE_TRIES
+        });
     }
 }
 
