@@ -7,4 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p portcullis -p portcullis-sandbox -p portcullis-bench --bins
+# The launcher as the .deb ships it: statically linked (see the script).
+bash sandbox/build-static.sh
 exec target/release/portcullis-bench "$@"

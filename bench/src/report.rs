@@ -179,6 +179,7 @@ impl Results {
             "- portcullis: {} (release build)",
             shell("git", &["describe", "--always", "--dirty"])
         );
+        let _ = writeln!(md, "- launcher: {}", launcher_linking());
         let _ = writeln!(md, "- OpenSSH: {}", self.openssh);
         let _ = writeln!(
             md,
@@ -477,4 +478,54 @@ fn panel(
         .background_style(WHITE.mix(0.9))
         .draw()
         .map_err(chart_error)
+}
+
+/// How the launcher beside the gateway was linked: a command starts it
+/// twice, and a start of a program linked with glibc costs a VM about
+/// 0.7 ms of CPU more than a static musl one (bench/README.md), so the
+/// exec rows depend on it.
+fn launcher_linking() -> String {
+    let Ok(launcher) = crate::gateway::binary().map(|b| b.with_file_name("portcullis-sandbox"))
+    else {
+        return "not found".into();
+    };
+    match std::fs::read(&launcher).map(|elf| has_interpreter(&elf)) {
+        Ok(Some(false)) => "portcullis-sandbox, statically linked (sandbox/build-static.sh)".into(),
+        Ok(Some(true)) => "portcullis-sandbox, dynamically linked (as cargo builds it)".into(),
+        Ok(None) => "portcullis-sandbox, not a 64-bit ELF file".into(),
+        Err(e) => format!("{}: {e}", launcher.display()),
+    }
+}
+
+/// Whether a 64-bit little-endian ELF file names a program interpreter
+/// (a `PT_INTERP` program header: the dynamic loader); `None` for
+/// anything else.
+fn has_interpreter(elf: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    let bytes = |at: usize, n: usize| elf.get(at..at + n);
+    if bytes(0, 6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let u16_at = |at| bytes(at, 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
+    let phoff = usize::try_from(u64::from_le_bytes(bytes(0x20, 8)?.try_into().ok()?)).ok()?;
+    let (size, count) = (u16_at(0x36)?, u16_at(0x38)?);
+    (0..count)
+        .map(|i| bytes(phoff.checked_add(i.checked_mul(size)?)?, 4))
+        .map(|p| p.map(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) == PT_INTERP))
+        .try_fold(false, |found, is| Some(found || is?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_interpreter;
+
+    #[test]
+    fn a_dynamic_program_names_its_interpreter_and_a_static_one_none() {
+        // This test binary is linked as cargo links it for the host.
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let dynamic = cfg!(target_env = "gnu");
+        assert_eq!(has_interpreter(&me), Some(dynamic));
+        assert_eq!(has_interpreter(b"#!/bin/sh\n"), None);
+        assert_eq!(has_interpreter(&me[..0x30]), None);
+    }
 }
