@@ -340,8 +340,8 @@ type Dirs = Vec<(PathBuf, bool, Vec<Controller>)>;
 
 /// Hands `dirs` to the one thread that removes command cgroups (started
 /// at the first), which kills what is in them and removes each once it is
-/// empty, trying again every [`REMOVE_EVERY`], at most [`REMOVE_TRIES`]
-/// times. One thread for all: starting one per command put a thread's
+/// empty, trying again every [`REMOVE_EVERY`] for up to [`REMOVE_FOR`].
+/// One thread for all: starting one per command put a thread's
 /// start on every answer's path (bench/README.md).
 fn remove_later(dirs: Dirs) {
     static REMOVER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Dirs>>> =
@@ -361,17 +361,18 @@ fn remove_later(dirs: Dirs) {
     }
 }
 
-/// How often an emptied cgroup that could not be removed is tried again.
+/// How often an emptied cgroup that could not be removed is tried again
+/// (at least: also whenever another comes)…
 const REMOVE_EVERY: Duration = Duration::from_millis(20);
-/// How many times, about 2 s in all.
-const REMOVE_TRIES: u32 = 100;
+/// …and for how long before it is left to the next start's `remove_stale`.
+const REMOVE_FOR: Duration = Duration::from_secs(2);
 
 /// The remover's loop: each cgroup killed as it comes, then every
 /// directory not yet removed tried again each [`REMOVE_EVERY`], so a slow
 /// one (a v1 memory cgroup's removal is slow work in the kernel) holds up
 /// no other.
 fn remove_all(receive: &std::sync::mpsc::Receiver<Dirs>) {
-    let mut pending: Vec<(PathBuf, u32)> = Vec::new();
+    let mut pending: Vec<(PathBuf, std::time::Instant)> = Vec::new();
     loop {
         let came = match pending.is_empty() {
             true => receive.recv().ok(),
@@ -383,14 +384,15 @@ fn remove_all(receive: &std::sync::mpsc::Receiver<Dirs>) {
         };
         if let Some(dirs) = came {
             kill_all(&dirs);
-            pending.extend(dirs.into_iter().map(|(dir, _, _)| (dir, 0)));
+            let until = std::time::Instant::now() + REMOVE_FOR;
+            pending.extend(dirs.into_iter().map(|(dir, _, _)| (dir, until)));
         } else if pending.is_empty() {
             return;
         }
-        pending.retain_mut(|(dir, tries)| {
-            *tries += 1;
-            let gone = std::fs::remove_dir(&*dir).is_ok() || !dir.exists();
-            !gone && *tries < REMOVE_TRIES
+        let now = std::time::Instant::now();
+        pending.retain(|(dir, until)| {
+            let gone = std::fs::remove_dir(dir).is_ok() || !dir.exists();
+            !gone && now < *until
         });
     }
 }
