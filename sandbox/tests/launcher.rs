@@ -299,6 +299,63 @@ fn a_signal_sent_before_the_program_runs_ends_it() {
     }
 }
 
+/// A process whose command line names a path, as the tests below look
+/// for what is left of a world.
+#[derive(Debug)]
+struct Named {
+    pid: rustix::process::Pid,
+    cmdline: Vec<u8>,
+}
+
+impl Named {
+    /// Its pid, command line and the lines of its status that say where
+    /// it is.
+    fn describe(&self) -> String {
+        let pid = self.pid.as_raw_nonzero();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let keep = |l: &&str| {
+            ["Name:", "State:", "PPid:", "NSpid:"]
+                .iter()
+                .any(|k| l.starts_with(k))
+        };
+        let status = status.lines().filter(keep).collect::<Vec<_>>().join(" ");
+        let cmdline = String::from_utf8_lossy(&self.cmdline);
+        format!("{pid}: {cmdline:?} {status}")
+    }
+}
+
+/// Every process whose command line has `path` as one of its arguments.
+fn processes_naming(path: &std::path::Path) -> Vec<Named> {
+    let mark = path.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = rustix::process::Pid::from_raw(entry.file_name().to_str()?.parse().ok()?)?;
+            let cmdline = std::fs::read(format!("/proc/{}/cmdline", pid.as_raw_nonzero())).ok()?;
+            let names_it = cmdline.split(|b| *b == 0).any(|arg| arg == mark);
+            names_it.then_some(Named { pid, cmdline })
+        })
+        .collect()
+}
+
+/// What `left` still finds after 5 s (a world's teardown takes a moment),
+/// each described, then killed here.
+fn survivors_of(left: impl Fn() -> Vec<Named>) -> Vec<String> {
+    let started = std::time::Instant::now();
+    let mut survivors = left();
+    while !survivors.is_empty() && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+        survivors = left();
+    }
+    // Described before they are killed (their status goes with them).
+    let described = survivors.iter().map(Named::describe).collect();
+    for process in &survivors {
+        let _ = rustix::process::kill_process(process.pid, rustix::process::Signal::KILL);
+    }
+    described
+}
+
 /// A launcher killed while it makes its world (as its parent-death signal
 /// kills it when the daemon dies, at any moment) leaves nothing behind:
 /// not bwrap's monitor, not the world's first process — which, had the
@@ -309,22 +366,7 @@ fn a_launcher_killed_while_making_its_world_leaves_nothing() {
         .prefix("portcullis-killed-")
         .tempdir()
         .unwrap();
-    let mark = dir.path().to_str().unwrap().as_bytes().to_vec();
-    // Every process whose command line names this test's root.
-    let left = || -> Vec<rustix::process::Pid> {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|entry| {
-                let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-                let names_it = cmdline.split(|b| *b == 0).any(|arg| arg == mark);
-                names_it
-                    .then(|| rustix::process::Pid::from_raw(pid))
-                    .flatten()
-            })
-            .collect()
-    };
+    let left = || processes_naming(dir.path());
     // The look finds a world that is being made or waits: bwrap's
     // monitor, the launcher inside.
     let mut child = waiting_launcher(Some(dir.path()));
@@ -355,35 +397,12 @@ fn a_launcher_killed_while_making_its_world_leaves_nothing() {
         child.wait().unwrap();
         killed += 1;
     }
-    // What is left must go on its own (the world's teardown takes a
-    // moment); anything still there after 5 s is killed here, and fails.
-    let started = std::time::Instant::now();
-    let mut survivors = left();
-    while !survivors.is_empty() && started.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(50));
-        survivors = left();
-    }
-    let described: Vec<String> = survivors
-        .iter()
-        .map(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero()))
-                .unwrap_or_default();
-            let keep = |l: &&str| {
-                ["Name:", "State:", "PPid:", "NSpid:"]
-                    .iter()
-                    .any(|k| l.starts_with(k))
-            };
-            status.lines().filter(keep).collect::<Vec<_>>().join(" ")
-        })
-        .collect();
-    for pid in &survivors {
-        let _ = rustix::process::kill_process(*pid, rustix::process::Signal::KILL);
-    }
+    let described = survivors_of(left);
     drop(stdins);
     assert!(
-        survivors.is_empty(),
+        described.is_empty(),
         "{killed} launchers killed while making their worlds left {} processes behind: {described:#?}",
-        survivors.len()
+        described.len()
     );
 }
 
@@ -399,24 +418,10 @@ fn a_launcher_killed_after_its_command_came_takes_its_world_with_it() {
         .tempdir()
         .unwrap();
     let root = dir.path().to_str().unwrap().to_string();
-    let named = |pid: i32| -> Option<Vec<u8>> {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let names_it = cmdline.split(|b| *b == 0).any(|arg| arg == root.as_bytes());
-        names_it.then_some(cmdline)
-    };
-    // Processes naming the root: the launchers and bwrap by `--rw`, the
-    // program (`sh`) by its `$0`.
-    let left = || -> Vec<(i32, Vec<u8>)> {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|entry| {
-                let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-                named(pid).map(|cmdline| (pid, cmdline))
-            })
-            .collect()
-    };
-    let runs_sh = |found: &[(i32, Vec<u8>)]| found.iter().any(|(_, c)| c.starts_with(b"/bin/sh\0"));
+    // The launchers and bwrap name the root by `--rw`, the program (`sh`)
+    // by its `$0`.
+    let left = || processes_naming(dir.path());
+    let runs_sh = |found: &[Named]| found.iter().any(|p| p.cmdline.starts_with(b"/bin/sh\0"));
     for released in [false, true] {
         let mut child = waiting_launcher(Some(dir.path()));
         drop((child.stdout.take(), child.stderr.take()));
@@ -430,7 +435,7 @@ fn a_launcher_killed_after_its_command_came_takes_its_world_with_it() {
             stdin.write_all(b"g").unwrap();
         }
         let started = std::time::Instant::now();
-        let ready = |found: &[(i32, Vec<u8>)]| match released {
+        let ready = |found: &[Named]| match released {
             true => runs_sh(found),
             // The monitor, the launcher inside and this one.
             false => found.len() >= 3,
@@ -445,24 +450,10 @@ fn a_launcher_killed_after_its_command_came_takes_its_world_with_it() {
         assert_eq!(runs_sh(&found), released, "{found:?}");
         child.kill().unwrap();
         child.wait().unwrap();
-        let started = std::time::Instant::now();
-        let mut survivors = left();
-        while !survivors.is_empty() && started.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(50));
-            survivors = left();
-        }
-        for (pid, _) in &survivors {
-            if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-        }
+        let described = survivors_of(left);
         drop(stdin);
-        let described: Vec<String> = survivors
-            .iter()
-            .map(|(pid, cmdline)| format!("{pid}: {}", String::from_utf8_lossy(cmdline)))
-            .collect();
         assert!(
-            survivors.is_empty(),
+            described.is_empty(),
             "released {released}: the world outlived its launcher: {described:#?}"
         );
     }
