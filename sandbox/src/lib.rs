@@ -632,6 +632,10 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
     if let Err(e) = close_inherited(Some(&status)) {
         return refuse(e);
     }
+    let handlers = match world::Handlers::install() {
+        Ok(handlers) => handlers,
+        Err(e) => return refuse(e),
+    };
     let mut rest = rest;
     let mut covers = Vec::new();
     while let [flag, path, after @ ..] = rest
@@ -697,7 +701,7 @@ fn inside(stdin_fd: &str, rest: &[OsString]) -> ExitCode {
         .args(rest)
         .env_clear()
         .envs(args.env.iter().map(|(name, value)| (name, value)));
-    world::Status::run(status, command)
+    world::Status::run(status, handlers, command)
 }
 
 /// What of a command's confinement depends on its world's layout only —
