@@ -824,9 +824,9 @@ impl Status {
 }
 
 /// The launcher inside's signal handlers, installed before it waits for
-/// its command (each costs a few system calls and allocations, some 0.25 ms
-/// in all on a VM: not on the request's path) while the signals they catch
-/// stay blocked until the program starts ([`Status::run`]).
+/// its command, so that their cost is not on the request's path; the
+/// signals they catch stay blocked until the program starts
+/// ([`Status::run`]).
 pub(crate) struct Handlers {
     /// Every child's end, as a byte on a pipe this launcher polls beside
     /// the status pipe ([`reap_until`]).
