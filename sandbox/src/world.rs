@@ -531,9 +531,11 @@ pub(crate) fn enter(args: &SandboxArgs, inner: Inner<'_>, hidden: &[PathBuf]) ->
     // The status comes when the program has ended, before the world's
     // teardown (its mounts and namespaces, about a millisecond of the
     // kernel's time): this launcher ends at once; the world's init is
-    // exiting already, taking its PID namespace along, and bwrap's
-    // monitor ends with it.
+    // exiting already, taking its PID namespace along. bwrap's monitor
+    // would wait for that teardown with the command's stdout and stderr
+    // open, and the daemon answers at their end: it goes now.
     if let Some(status) = Status::read(status_read) {
+        let _ = child.kill();
         return status.reproduce();
     }
     match child.wait() {
@@ -752,6 +754,7 @@ impl Status {
                     }
                 }
             }
+            let_go_of_outputs();
             reap_until(child.id(), &mut children, &status)
         });
         let line = match waited {
@@ -855,6 +858,19 @@ impl Handlers {
             arrived.push((signal, flag));
         }
         Ok(Self { children, arrived })
+    }
+}
+
+/// Puts /dev/null on this launcher's stdout and stderr once the program
+/// holds its own copies: the daemon answers at their end, and this
+/// process, the world's init, closes what it holds only after its exit
+/// has torn the world's mount namespace down (an RCU grace period). What
+/// this launcher says after that (an error while it waits) is lost; a
+/// failure here only leaves the end where it was.
+fn let_go_of_outputs() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = rustix::stdio::dup2_stdout(&null);
+        let _ = rustix::stdio::dup2_stderr(&null);
     }
 }
 

@@ -493,6 +493,33 @@ fn the_program_inherits_only_stdin_stdout_and_stderr() {
     }
 }
 
+/// Once the program runs, the launcher inside (the world's pid 1) holds
+/// /dev/null, not the program's stdout and stderr: their end, at which the
+/// daemon answers, comes with the program's, not after the world's
+/// teardown. (It lets go just after starting the program: the program
+/// looks for a while.)
+#[test]
+fn the_launcher_inside_lets_go_of_the_program_s_output() {
+    let dir = tempfile::Builder::new()
+        .prefix("portcullis-let-go-")
+        .tempdir()
+        .unwrap();
+    let mut child = waiting_launcher(Some(dir.path()));
+    let mut args: Vec<OsString> = vec!["--rw".into(), dir.path().into(), "--deny-network".into()];
+    args.extend(["--await-release", "--stdin-null", "--"].map(OsString::from));
+    let script = "for i in $(seq 500); do \
+         if [ \"$(readlink /proc/1/fd/1)\" = /dev/null ] && [ \"$(readlink /proc/1/fd/2)\" = /dev/null ]; \
+         then echo let go; exit 0; fi; sleep 0.01; done; ls -l /proc/1/fd; exit 1";
+    args.extend(["/bin/sh", "-c", script].map(OsString::from));
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&encode_args(&args)).unwrap();
+    stdin.write_all(b"g").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "let go\n", "{out:?}");
+}
+
 /// What bwrap says when it cannot make the world reaches the launcher's
 /// stderr, before the launcher's own refusal: here it may not start the
 /// world's first process (a user of its own with `RLIMIT_NPROC` 2: the
