@@ -302,7 +302,11 @@ async fn a_full_store_refuses_every_request_before_it_acts_and_the_log_resumes_b
     std::fs::remove_file(filler).unwrap();
     let resumed_by = Instant::now() + Duration::from_secs(15);
     while status_json(&gw)["audit"]["writing"] != true {
-        assert!(Instant::now() < resumed_by, "the log did not resume");
+        assert!(
+            Instant::now() < resumed_by,
+            "the log did not resume: {}",
+            gw.log()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(

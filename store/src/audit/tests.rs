@@ -285,6 +285,23 @@ pub(crate) fn reopen(dir: &std::path::Path) -> Store {
     panic!("the store did not reopen");
 }
 
+/// The payload of the journal's frame at `at`; `None` at its end.
+fn frame_at(path: &std::path::Path, at: u64) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt as _;
+    let file = std::fs::File::open(path).unwrap();
+    let mut header = [0u8; 8];
+    file.read_exact_at(&mut header, at).ok()?;
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let mut payload = vec![0u8; len];
+    file.read_exact_at(&mut payload, at + 8).ok()?;
+    (len > 0).then_some(payload)
+}
+
+/// Where the journal's frames end (zeros follow).
+fn end_of_frames(path: &std::path::Path) -> u64 {
+    journal::decode(&std::fs::read(path).unwrap()).1 as u64
+}
+
 #[test]
 fn the_chain_continues_after_reopening() {
     let (store, log, dir) = log_with("reopen", 5);
@@ -335,11 +352,13 @@ fn acknowledged_entries_survive_a_crash() {
     let mut torn = Vec::new();
     journal::frame(b"{\"seq\":301", &mut torn);
     torn.truncate(torn.len() - 3);
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
+    // Where the next group would have gone: after the journal's frames.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
         .open(dir.join(JOURNAL))
         .unwrap();
-    std::io::Write::write_all(&mut file, &torn).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &torn, end_of_frames(&dir.join(JOURNAL)))
+        .unwrap();
 
     let store = reopen(&dir);
     let log = store.audit(None).unwrap();
@@ -350,7 +369,7 @@ fn acknowledged_entries_survive_a_crash() {
     let report = log.verify(None).unwrap();
     assert_eq!((report.entries, report.error), (N, None));
     assert_eq!(log.append_blocking(record(N + 1)).unwrap(), N + 1);
-    assert!(std::fs::metadata(dir.join(JOURNAL)).unwrap().len() > 0);
+    assert!(frame_at(&dir.join(JOURNAL), 0).is_some());
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -361,17 +380,25 @@ fn a_full_journal_is_emptied_into_sled() {
     let dir = temp("journal-limit");
     let store = Store::open(&dir).unwrap();
     let log = store.audit_with(Durability::Written, None).unwrap();
-    let size = || std::fs::metadata(dir.join(JOURNAL)).unwrap().len();
-    let (mut n, mut largest) = (0, 0);
+    let path = dir.join(JOURNAL);
+    // The file keeps its length: the journal's is where its frames end.
+    let (mut n, mut end, mut largest) = (0, 0, 0);
+    let mut first = None;
     let mut emptied = false;
     while n < 200_000 && !emptied {
-        let before = size();
-        largest = largest.max(before);
         n += 1;
         log.append_blocking(record(n)).unwrap();
         // The writer empties it just after answering, so this may see it
-        // only at the next append.
-        emptied = size() < before;
+        // only at the next append (a later entry first).
+        let now_first = frame_at(&path, 0);
+        if first.is_none() {
+            first = now_first.clone();
+        }
+        emptied = now_first != first;
+        while let Some(payload) = frame_at(&path, end).filter(|_| !emptied) {
+            end += 8 + payload.len() as u64;
+            largest = end;
+        }
     }
     assert!(emptied, "the journal was never emptied ({n} entries)");
     // Within an entry (< 1 KiB) of the limit when last seen.

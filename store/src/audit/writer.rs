@@ -182,6 +182,9 @@ impl Writer {
         if self.failed.is_none() && self.journal.len() > 0 {
             let _ = self.settle();
         }
+        if self.failed.is_none() {
+            let _ = self.journal.shut();
+        }
     }
 
     /// Makes sled durable (its flush, then fdatasync of its log file), and
