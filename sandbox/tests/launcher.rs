@@ -177,7 +177,7 @@ fn a_waiting_world_is_confined_before_its_command_comes() {
         .tempdir()
         .unwrap();
     let marker = dir.path().join("ran");
-    let mut child = waiting_launcher_with(Some(dir.path()), &["--tmp-size", "8388608"]);
+    let child = waiting_launcher_with(Some(dir.path()), &["--tmp-size", "8388608"]);
     // The launcher inside: bwrap's child, the launcher's grandchild.
     let parent_of = |pid: &str| -> Option<String> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -226,11 +226,7 @@ fn a_waiting_world_is_confined_before_its_command_comes() {
         "-c".into(),
         script.into(),
     ];
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(&encode_args(&args)).unwrap();
-    stdin.write_all(b"g").unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
+    let out = released(child, &args);
     assert_eq!(out.status.code(), Some(125), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr)
@@ -459,6 +455,16 @@ fn a_launcher_killed_after_its_command_came_takes_its_world_with_it() {
     }
 }
 
+/// Gives a waiting launcher `args` and its release, closes its input and
+/// waits for it.
+fn released(mut child: std::process::Child, args: &[OsString]) -> std::process::Output {
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&encode_args(args)).unwrap();
+    stdin.write_all(b"g").unwrap();
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
 /// A descriptor the launcher's parent left open does not reach the
 /// program, in a world or not; nor does any the launchers or bwrap held.
 #[test]
@@ -470,7 +476,7 @@ fn the_program_inherits_only_stdin_stdout_and_stderr() {
     // `dup` leaves out close-on-exec: the launcher inherits it.
     let leaked = rustix::io::dup(std::fs::File::open("/dev/null").unwrap()).unwrap();
     for world in [true, false] {
-        let mut child = waiting_launcher(world.then_some(dir.path()));
+        let child = waiting_launcher(world.then_some(dir.path()));
         let mut args: Vec<OsString> = match world {
             true => vec!["--rw".into(), dir.path().into(), "--deny-network".into()],
             false => ["--skip", "namespaces"].map(OsString::from).to_vec(),
@@ -478,11 +484,7 @@ fn the_program_inherits_only_stdin_stdout_and_stderr() {
         args.extend(["--await-release", "--stdin-null", "--"].map(OsString::from));
         // No pipeline: the shell holds a pipe's ends while it starts one.
         args.extend(["/bin/sh", "-c", "ls /proc/$$/fd; :"].map(OsString::from));
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(&encode_args(&args)).unwrap();
-        stdin.write_all(b"g").unwrap();
-        drop(stdin);
-        let out = child.wait_with_output().unwrap();
+        let out = released(child, &args);
         assert!(out.status.success(), "world {world}: {out:?}");
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
@@ -504,18 +506,14 @@ fn the_launcher_inside_lets_go_of_the_program_s_output() {
         .prefix("portcullis-let-go-")
         .tempdir()
         .unwrap();
-    let mut child = waiting_launcher(Some(dir.path()));
+    let child = waiting_launcher(Some(dir.path()));
     let mut args: Vec<OsString> = vec!["--rw".into(), dir.path().into(), "--deny-network".into()];
     args.extend(["--await-release", "--stdin-null", "--"].map(OsString::from));
     let script = "for i in $(seq 500); do \
          if [ \"$(readlink /proc/1/fd/1)\" = /dev/null ] && [ \"$(readlink /proc/1/fd/2)\" = /dev/null ]; \
          then echo let go; exit 0; fi; sleep 0.01; done; ls -l /proc/1/fd; exit 1";
     args.extend(["/bin/sh", "-c", script].map(OsString::from));
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(&encode_args(&args)).unwrap();
-    stdin.write_all(b"g").unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
+    let out = released(child, &args);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "let go\n", "{out:?}");
 }
