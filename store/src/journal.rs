@@ -74,9 +74,9 @@ impl Journal {
     /// holds zeros (a frame's length is never 0, so they end the journal),
     /// room for later groups made when it grows ([`GROW`]). A group written
     /// over that room changes none of the file's metadata, so its
-    /// `fdatasync` writes the data alone; a file that grows with each group also makes ext4
-    /// commit its own journal every time (a third of a small group's
-    /// commit on the disk measured, bench/README.md).
+    /// `fdatasync` writes the data alone; a file that grows with each group
+    /// also makes ext4 commit its own journal every time (a third of a
+    /// small group's commit on the disk measured, bench/README.md).
     pub fn open(path: &Path) -> std::io::Result<(Self, Found)> {
         let mut file = OpenOptions::new()
             .read(true)
