@@ -639,23 +639,29 @@ impl Held {
 }
 
 /// The `child-pid` bwrap writes to its `--info-fd` (`{"child-pid": N, …`),
-/// read only as far as the number; `None` if the pipe ends first.
+/// read as it comes until the number is whole; `None` if the pipe ends
+/// first. What follows the number is read too and not needed.
 fn child_pid(info: &mut std::io::PipeReader) -> Option<u32> {
-    const KEY: &str = "\"child-pid\"";
-    let mut text = String::new();
-    let mut byte = [0u8; 1];
-    while text.len() < 4096 {
-        match info.read(&mut byte) {
-            Ok(1) => text.push(char::from(byte[0])),
+    const KEY: &[u8] = b"\"child-pid\"";
+    let mut text = [0u8; 4096];
+    let mut len = 0;
+    while len < text.len() {
+        match info.read(&mut text[len..]) {
+            Ok(0) => return None,
+            Ok(n) => len += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            _ => return None,
+            Err(_) => return None,
         }
-        let Some(at) = text.find(KEY) else { continue };
-        let value = text[at + KEY.len()..].trim_start_matches([' ', ':', '\n', '\t']);
-        let digits = value.len() - value.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let said = &text[..len];
+        let Some(at) = said.windows(KEY.len()).position(|w| w == KEY) else {
+            continue;
+        };
+        let value = &said[at + KEY.len()..];
+        let value = &value[value.iter().take_while(|b| b" :\n\t".contains(b)).count()..];
+        let digits = value.iter().take_while(|b| b.is_ascii_digit()).count();
         // The number is whole once something follows it.
         if digits > 0 && digits < value.len() {
-            return value[..digits].parse().ok();
+            return std::str::from_utf8(&value[..digits]).ok()?.parse().ok();
         }
     }
     None
@@ -1061,6 +1067,16 @@ mod tests {
         assert_eq!(said(b"{\"child-pid\": 7", true), None);
         assert_eq!(said(b"{\"exit-code\": 1}\n", true), None);
         assert_eq!(said(b"", true), None);
+        // A number split between two writes is read whole.
+        let (mut reader, mut writer) = std::io::pipe().unwrap();
+        writer.write_all(b"{\"child-pid\": 47").unwrap();
+        let rest = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            writer.write_all(b"11,\n").unwrap();
+            writer
+        });
+        assert_eq!(child_pid(&mut reader), Some(4711));
+        drop(rest.join().unwrap());
     }
 
     #[test]
