@@ -928,8 +928,19 @@ mod tests {
         assert_eq!(out, b"head");
 
         file.sync_all().unwrap();
-        rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
-        let evicted = read_cached_into(&file, 500_000, 65_536, &mut out);
+        // The kernel may keep a page it is asked to drop while something
+        // else holds it for a moment (about one run of the suite in
+        // fifteen): asked again, a bounded number of times.
+        let mut evicted = CachedRead::Read(0);
+        for _ in 0..50 {
+            rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+            out.truncate(4);
+            evicted = read_cached_into(&file, 500_000, 65_536, &mut out);
+            if evicted == CachedRead::Missing {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert_eq!(evicted, CachedRead::Missing);
         assert_eq!(out, b"head");
         assert_eq!(
