@@ -953,7 +953,7 @@ impl Appender {
         Ok(Self {
             file: ops::open_append(root, path)?,
             vpath: root.virtual_path(path),
-            hash: hash.then(ops::HashPipe::start).transpose()?,
+            hash: hash.then(ops::HashPipe::new),
             size: 0,
         })
     }
@@ -967,7 +967,7 @@ impl Sink for Appender {
             .write_all(&data)
             .map_err(|e| ops::io_error(vpath, e))?;
         self.size += data.len() as u64;
-        if let Some(hash) = &self.hash {
+        if let Some(hash) = &mut self.hash {
             hash.update(data);
         }
         Ok(())

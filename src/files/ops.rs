@@ -567,7 +567,7 @@ impl AtomicFile {
             name,
             vpath,
             file: File::from(fd),
-            hash: hash.then(HashPipe::start).transpose()?,
+            hash: hash.then(HashPipe::new),
             writeback: None,
             direct_from: Some(DIRECT_FROM),
             staging: None,
@@ -604,7 +604,7 @@ impl AtomicFile {
                 }
             }
         }
-        if let Some(hash) = &self.hash {
+        if let Some(hash) = &mut self.hash {
             hash.update(data);
         }
         Ok(())
@@ -790,47 +790,108 @@ impl Writeback {
     }
 }
 
-/// SHA-256 of data as it is written, computed on a thread of its own so
-/// that hashing overlaps writing: each is a large share of an upload's CPU
-/// time, and together on one thread they set its pace.
+/// SHA-256 of data as it is written. A small write is hashed on the
+/// writing thread; once more than [`HASH_HERE_UP_TO`] has come, the hashing
+/// moves to a thread of its own, so that for an upload it overlaps the
+/// writing (each is a large share of an upload's CPU time, and together on
+/// one thread they set its pace). A thread for a few bytes cost more than
+/// the write's own system calls (bench/README.md).
 pub struct HashPipe {
-    tx: Option<std::sync::mpsc::SyncSender<Bytes>>,
-    thread: Option<std::thread::JoinHandle<String>>,
+    state: HashState,
 }
 
+enum HashState {
+    Here {
+        hasher: Sha256,
+        hashed: usize,
+    },
+    Thread {
+        tx: std::sync::mpsc::SyncSender<Bytes>,
+        thread: std::thread::JoinHandle<String>,
+    },
+    /// The hashing thread could not be started.
+    Failed(String),
+}
+
+impl Default for HashPipe {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// How much a [`HashPipe`] hashes on the writing thread before it moves the
+/// hashing to a thread of its own.
+pub const HASH_HERE_UP_TO: usize = 256 * 1024;
+
 impl HashPipe {
-    pub fn start() -> Result<Self, FileError> {
+    pub fn new() -> Self {
+        Self {
+            state: HashState::Here {
+                hasher: Sha256::new(),
+                hashed: 0,
+            },
+        }
+    }
+
+    pub fn update(&mut self, data: Bytes) {
+        match &mut self.state {
+            HashState::Here { hasher, hashed } if *hashed + data.len() <= HASH_HERE_UP_TO => {
+                hasher.update(&data);
+                *hashed += data.len();
+            }
+            HashState::Here { hasher, .. } => {
+                let hasher = std::mem::take(hasher);
+                self.state = match Self::thread(hasher) {
+                    Ok((tx, thread)) => {
+                        let _ = tx.send(data);
+                        HashState::Thread { tx, thread }
+                    }
+                    Err(e) => HashState::Failed(e),
+                };
+            }
+            HashState::Thread { tx, .. } => {
+                let _ = tx.send(data);
+            }
+            HashState::Failed(_) => {}
+        }
+    }
+
+    /// A thread that goes on from `hasher` with what it is sent.
+    fn thread(
+        mut hasher: Sha256,
+    ) -> Result<
+        (
+            std::sync::mpsc::SyncSender<Bytes>,
+            std::thread::JoinHandle<String>,
+        ),
+        String,
+    > {
         // 16 chunks of at most a record each: the memory it may hold.
         let (tx, rx) = std::sync::mpsc::sync_channel::<Bytes>(16);
         let thread = std::thread::Builder::new()
             .name("portcullis-sha256".into())
             .spawn(move || {
-                let mut hasher = Sha256::new();
                 for data in rx {
                     hasher.update(&data);
                 }
                 hex::encode(hasher.finalize())
             })
-            .map_err(|e| FileError::Io(format!("cannot start hashing: {e}")))?;
-        Ok(Self {
-            tx: Some(tx),
-            thread: Some(thread),
-        })
-    }
-
-    pub fn update(&self, data: Bytes) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(data);
-        }
+            .map_err(|e| format!("cannot start hashing: {e}"))?;
+        Ok((tx, thread))
     }
 
     /// The hex digest of everything sent.
-    pub fn finish(mut self) -> Result<String, FileError> {
-        drop(self.tx.take());
-        let thread = self.thread.take();
-        thread
-            .and_then(|thread| thread.join().ok())
-            .ok_or_else(|| FileError::Io("hashing the data failed".into()))
+    pub fn finish(self) -> Result<String, FileError> {
+        match self.state {
+            HashState::Here { hasher, .. } => Ok(hex::encode(hasher.finalize())),
+            HashState::Thread { tx, thread } => {
+                drop(tx);
+                thread
+                    .join()
+                    .map_err(|_| FileError::Io("hashing the data failed".into()))
+            }
+            HashState::Failed(e) => Err(FileError::Io(e)),
+        }
     }
 }
 
@@ -840,6 +901,33 @@ mod tests {
     use crate::files::tests::terms;
     use std::os::unix::fs::symlink;
     use std::path::Path;
+
+    /// The digest is SHA-256 of everything sent, whether it was hashed
+    /// here, on the thread, or partly on each.
+    #[test]
+    fn a_hash_pipe_digests_all_it_was_sent_wherever_it_hashed() {
+        let data: Vec<u8> = (0..4 * HASH_HERE_UP_TO)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        for chunks in [
+            vec![0],
+            vec![6],
+            vec![HASH_HERE_UP_TO],
+            vec![HASH_HERE_UP_TO, 1],
+            vec![HASH_HERE_UP_TO + 1],
+            vec![1000, HASH_HERE_UP_TO, 5, 2 * HASH_HERE_UP_TO],
+            vec![3 * HASH_HERE_UP_TO + 7],
+        ] {
+            let mut pipe = HashPipe::new();
+            let mut at = 0;
+            for len in &chunks {
+                pipe.update(Bytes::copy_from_slice(&data[at..at + len]));
+                at += len;
+            }
+            let expected = hex::encode(Sha256::digest(&data[..at]));
+            assert_eq!(pipe.finish().unwrap(), expected, "chunks {chunks:?}");
+        }
+    }
 
     fn on_a_block_device(path: &Path) -> bool {
         let statx = rustix::fs::statx(rustix::fs::CWD, path, AtFlags::empty(), StatxFlags::TYPE);
