@@ -2,8 +2,8 @@
 //!
 //! Policy has decided and normalised the path ([`FileTerms`]); this module
 //! parses the method's other params, runs the operation from `ops.rs` on
-//! the blocking pool (or, for a few system calls' work, on `quick.rs`'s
-//! threads; a stat the kernel answers from memory, and a streamed read's
+//! the blocking pool (or, for a few system calls' work and for inline
+//! writes, on `pools.rs`'s threads; a stat the kernel answers from memory, and a streamed read's
 //! chunks the page cache has, on the runtime worker: `ops::stat_cached`,
 //! `ops::read_cached_into`), confined by `confine.rs`, and moves data: small
 //! contents inline in JSON, large ones as chunks on channel 4 (file data).
@@ -12,7 +12,7 @@
 pub mod direct;
 mod edit;
 pub mod ops;
-mod quick;
+mod pools;
 pub mod search;
 pub mod watch;
 
@@ -55,7 +55,9 @@ struct State {
     /// Uploads to the runtime's storage, when the daemon makes them.
     artifacts: Option<Artifacts>,
     /// Threads of their own for operations of a few system calls.
-    quick: quick::Quick,
+    quick: pools::Pool,
+    /// Threads of their own for inline writes.
+    writes: pools::Pool,
     /// The one inotify watcher every `file.watch` shares.
     hub: Arc<watch::Hub>,
 }
@@ -70,7 +72,8 @@ impl Files {
     pub fn with_artifacts(artifacts: Option<Artifacts>) -> Self {
         Self(Arc::new(State {
             artifacts,
-            quick: quick::Quick::new(),
+            quick: pools::Pool::quick(),
+            writes: pools::Pool::writes(),
             hub: watch::Hub::new(),
         }))
     }
@@ -81,6 +84,14 @@ impl Files {
         op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
     ) -> Result<T, ErrorBody> {
         joined(self.0.quick.spawn(op)).await
+    }
+
+    /// Runs an inline write (or edit) on the write threads.
+    async fn inline_write<T: Send + 'static>(
+        &self,
+        op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
+    ) -> Result<T, ErrorBody> {
+        joined(self.0.writes.spawn(op)).await
     }
 }
 
@@ -447,9 +458,9 @@ async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
                 }
                 "file.write" | "file.append" => {
                     let append = method == "file.append";
-                    write(file, params(&request)?, append, input, usage).await
+                    write(&files, file, params(&request)?, append, input, usage).await
                 }
-                "file.edit" => edit_file(file, params(&request)?, usage).await,
+                "file.edit" => edit_file(&files, file, params(&request)?, usage).await,
                 other => Err(unserved(other)),
             }
         }
@@ -793,6 +804,7 @@ struct EditParams {
 /// edit in order on the file's text; the file replaced atomically, or
 /// left as it was when any edit does not apply.
 async fn edit_file(
+    files: &Files,
     file: FileTerms,
     p: EditParams,
     usage: std::sync::Arc<Usage>,
@@ -809,7 +821,7 @@ async fn edit_file(
             .map(|e| e.old_text.len() + e.new_text.len())
             .sum(),
     );
-    blocking(move || {
+    files.inline_write(move || {
         let root = open_root(&file)?;
         let vpath = root.virtual_path(&file.path);
         let (handle, size) = ops::open_read(&root, &file.path)?;
@@ -834,6 +846,7 @@ async fn edit_file(
 }
 
 async fn write(
+    files: &Files,
     file: FileTerms,
     p: WriteParams,
     append: bool,
@@ -864,8 +877,9 @@ async fn write(
     if let Some(data) = &inline {
         usage.add_in(data.len());
     }
+    let streamed = inline.is_none();
     let mut input = input;
-    blocking(move || {
+    let op = move || {
         let root = open_root(&file)?;
         let vpath = root.virtual_path(&file.path);
         let mut sink: Box<dyn Sink> = if append {
@@ -909,8 +923,14 @@ async fn write(
             }
         }
         sink.finish()
-    })
-    .await
+    };
+    // A streamed upload waits for its client between chunks: never on a
+    // pool of a few threads.
+    if streamed {
+        blocking(op).await
+    } else {
+        files.inline_write(op).await
+    }
 }
 
 fn too_long(vpath: &str, size: Option<u64>) -> FileError {
@@ -1010,7 +1030,7 @@ pub(crate) mod tests {
     async fn a_panic_is_an_error_and_the_quick_threads_go_on() {
         let limit = std::time::Duration::from_secs(10);
         let files = Files::new();
-        for _ in 0..quick::THREADS + 2 {
+        for _ in 0..pools::QUICK_THREADS + 2 {
             let answer = files.quick(|| -> Result<(), FileError> { panic!("a bug") });
             let answer = tokio::time::timeout(limit, answer)
                 .await
@@ -1026,6 +1046,65 @@ pub(crate) mod tests {
             .expect("no thread serves the quick operations any more");
         let doubled: Vec<u32> = answers.into_iter().map(|a| a.unwrap()).collect();
         assert_eq!(doubled, (0..64).map(|i| i * 2).collect::<Vec<_>>());
+    }
+
+    /// Streamed uploads wait for their client on the main blocking pool:
+    /// more of them waiting than there are write threads leave inline
+    /// writes going, and more inline writes than threads all land.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiting_uploads_leave_the_write_threads_to_inline_writes() {
+        let limit = std::time::Duration::from_secs(20);
+        let dir = tempfile::tempdir().unwrap();
+        let files = Files::new();
+        let usage = Arc::new(Usage::default());
+        let target = |name: String| FileTerms {
+            path: name,
+            ..terms(dir.path(), false)
+        };
+        let mut uploads = Vec::new();
+        for i in 0..pools::WRITE_THREADS + 2 {
+            let (tx, rx) = mpsc::channel(4);
+            let p: WriteParams = serde_json::from_value(json!({"stream": true})).unwrap();
+            let (files, file, usage) =
+                (files.clone(), target(format!("upload-{i}")), usage.clone());
+            let upload =
+                tokio::spawn(async move { write(&files, file, p, false, Some(rx), usage).await });
+            uploads.push((tx, upload));
+        }
+        let inline = futures_util::future::join_all((0..3 * pools::WRITE_THREADS).map(|i| {
+            let p: WriteParams =
+                serde_json::from_value(json!({"content": format!("{i}\n")})).unwrap();
+            write(
+                &files,
+                target(format!("inline-{i}")),
+                p,
+                false,
+                None,
+                usage.clone(),
+            )
+        }));
+        let answers = tokio::time::timeout(limit, inline)
+            .await
+            .expect("inline writes waited behind uploads that wait for their client");
+        for (i, answer) in answers.into_iter().enumerate() {
+            let result = answer.unwrap();
+            let expected = hex::encode(Sha256::digest(format!("{i}\n")));
+            assert_eq!(result["sha256"], json!(expected));
+            let written = std::fs::read_to_string(dir.path().join(format!("inline-{i}"))).unwrap();
+            assert_eq!(written, format!("{i}\n"));
+        }
+        for (i, (tx, upload)) in uploads.into_iter().enumerate() {
+            tx.send(Bytes::from(format!("up {i}"))).await.unwrap();
+            tx.send(Bytes::new()).await.unwrap();
+            let result = tokio::time::timeout(limit, upload)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(result["size"], json!(format!("up {i}").len()));
+            let written = std::fs::read_to_string(dir.path().join(format!("upload-{i}"))).unwrap();
+            assert_eq!(written, format!("up {i}"));
+        }
     }
 
     #[tokio::test]
