@@ -210,21 +210,38 @@ impl Results {
                 row.note
             );
         }
+        // A chart that cannot be drawn must not cost the run's figures:
+        // the Markdown is written in any case, then the error reported.
+        let mut unwritten = Vec::new();
         if !self.concurrency.is_empty() {
-            self.chart(chart)?;
-            let name = chart.file_name().unwrap_or_default().to_string_lossy();
-            let _ = writeln!(
-                md,
-                "\n![requests per second and latency against requests in flight]({name})\n"
-            );
+            match self.chart(chart) {
+                Ok(()) => {
+                    let name = chart.file_name().unwrap_or_default().to_string_lossy();
+                    let _ = writeln!(
+                        md,
+                        "\n![requests per second and latency against requests in flight]({name})\n"
+                    );
+                }
+                Err(e) => unwritten.push(format!("{}: {e}", chart.display())),
+            }
         }
-        md.push_str(&self.scale_section(&chart.with_file_name("scale.svg"))?);
-        std::fs::write(out, md).map_err(|e| format!("{}: {e}", out.display()))
+        md.push_str(&self.scale_section(&chart.with_file_name("scale.svg"), &mut unwritten));
+        std::fs::write(out, md).map_err(|e| format!("{}: {e}", out.display()))?;
+        match unwritten.is_empty() {
+            true => Ok(()),
+            false => Err(format!(
+                "wrote {}, but not its charts: {}",
+                out.display(),
+                unwritten.join("; ")
+            )),
+        }
     }
 
-    fn scale_section(&self, chart: &Path) -> Result<String, String> {
+    /// The scale test's section; a chart that could not be drawn goes to
+    /// `unwritten`.
+    fn scale_section(&self, chart: &Path, unwritten: &mut Vec<String>) -> String {
         let Some(scale) = &self.scale else {
-            return Ok(String::new());
+            return String::new();
         };
         let mut md = String::new();
         let _ = writeln!(md, "\n## Scale test\n");
@@ -268,12 +285,16 @@ impl Results {
                     .map_or("–".to_string(), |r| format!("{r:.0}"))
             );
         }
-        self.scale_chart(scale, chart)?;
-        let name = chart.file_name().unwrap_or_default().to_string_lossy();
-        let _ = writeln!(
-            md,
-            "\n![gateway RSS, disk and p99 against sessions and against the audit log's length]({name})\n"
-        );
+        match self.scale_chart(scale, chart) {
+            Ok(()) => {
+                let name = chart.file_name().unwrap_or_default().to_string_lossy();
+                let _ = writeln!(
+                    md,
+                    "\n![gateway RSS, disk and p99 against sessions and against the audit log's length]({name})\n"
+                );
+            }
+            Err(e) => unwritten.push(format!("{}: {e}", chart.display())),
+        }
         let _ = writeln!(
             md,
             "{} sessions, per {}-second window:\n",
@@ -311,7 +332,7 @@ impl Results {
             scale.rss_connected_kib as f64 / 1024.0,
             scale.sessions,
         );
-        Ok(md)
+        md
     }
 
     /// Six panels: the gateway's RSS, its disk and p99 against sessions
