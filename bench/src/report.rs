@@ -214,16 +214,14 @@ impl Results {
         // the Markdown is written in any case, then the error reported.
         let mut unwritten = Vec::new();
         if !self.concurrency.is_empty() {
-            match self.chart(chart) {
-                Ok(()) => {
-                    let name = chart.file_name().unwrap_or_default().to_string_lossy();
-                    let _ = writeln!(
-                        md,
-                        "\n![requests per second and latency against requests in flight]({name})\n"
-                    );
-                }
-                Err(e) => unwritten.push(format!("{}: {e}", chart.display())),
-            }
+            let drawn = self.chart(chart);
+            embed(
+                &mut md,
+                drawn,
+                chart,
+                "requests per second and latency against requests in flight",
+                &mut unwritten,
+            );
         }
         md.push_str(&self.scale_section(&chart.with_file_name("scale.svg"), &mut unwritten));
         std::fs::write(out, md).map_err(|e| format!("{}: {e}", out.display()))?;
@@ -285,16 +283,14 @@ impl Results {
                     .map_or("–".to_string(), |r| format!("{r:.0}"))
             );
         }
-        match self.scale_chart(scale, chart) {
-            Ok(()) => {
-                let name = chart.file_name().unwrap_or_default().to_string_lossy();
-                let _ = writeln!(
-                    md,
-                    "\n![gateway RSS, disk and p99 against sessions and against the audit log's length]({name})\n"
-                );
-            }
-            Err(e) => unwritten.push(format!("{}: {e}", chart.display())),
-        }
+        let drawn = self.scale_chart(scale, chart);
+        embed(
+            &mut md,
+            drawn,
+            chart,
+            "gateway RSS, disk and p99 against sessions and against the audit log's length",
+            unwritten,
+        );
         let _ = writeln!(
             md,
             "{} sessions, per {}-second window:\n",
@@ -534,6 +530,23 @@ fn has_interpreter(elf: &[u8]) -> Option<bool> {
         .map(|i| bytes(phoff.checked_add(i.checked_mul(size)?)?, 4))
         .map(|p| p.map(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) == PT_INTERP))
         .try_fold(false, |found, is| Some(found || is?))
+}
+
+/// Links a drawn chart from the Markdown, or notes why it is missing.
+fn embed(
+    md: &mut String,
+    drawn: Result<(), String>,
+    chart: &Path,
+    alt: &str,
+    unwritten: &mut Vec<String>,
+) {
+    match drawn {
+        Ok(()) => {
+            let name = chart.file_name().unwrap_or_default().to_string_lossy();
+            let _ = writeln!(md, "\n![{alt}]({name})\n");
+        }
+        Err(e) => unwritten.push(format!("{}: {e}", chart.display())),
+    }
 }
 
 #[cfg(test)]
