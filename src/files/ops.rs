@@ -801,16 +801,12 @@ pub struct HashPipe {
 }
 
 enum HashState {
-    Here {
-        hasher: Sha256,
-        hashed: usize,
-    },
+    /// Hashing on the writing thread while `room` bytes more may come.
+    Here { hasher: Sha256, room: usize },
     Thread {
         tx: std::sync::mpsc::SyncSender<Bytes>,
         thread: std::thread::JoinHandle<String>,
     },
-    /// The hashing thread could not be started.
-    Failed(String),
 }
 
 impl Default for HashPipe {
@@ -828,31 +824,33 @@ impl HashPipe {
         Self {
             state: HashState::Here {
                 hasher: Sha256::new(),
-                hashed: 0,
+                room: HASH_HERE_UP_TO,
             },
         }
     }
 
     pub fn update(&mut self, data: Bytes) {
         match &mut self.state {
-            HashState::Here { hasher, hashed } if *hashed + data.len() <= HASH_HERE_UP_TO => {
+            HashState::Here { hasher, room } if data.len() <= *room => {
                 hasher.update(&data);
-                *hashed += data.len();
+                *room -= data.len();
             }
-            HashState::Here { hasher, .. } => {
-                let hasher = std::mem::take(hasher);
-                self.state = match Self::thread(hasher) {
-                    Ok((tx, thread)) => {
-                        let _ = tx.send(data);
-                        HashState::Thread { tx, thread }
-                    }
-                    Err(e) => HashState::Failed(e),
-                };
-            }
+            HashState::Here { hasher, room } => match Self::thread(hasher.clone()) {
+                Ok((tx, thread)) => {
+                    let _ = tx.send(data);
+                    self.state = HashState::Thread { tx, thread };
+                }
+                // No thread to be had: the rest is hashed here too, so the
+                // write never fails for its digest.
+                Err(e) => {
+                    tracing::debug!("{e}; hashing on the writing thread");
+                    hasher.update(&data);
+                    *room = usize::MAX;
+                }
+            },
             HashState::Thread { tx, .. } => {
                 let _ = tx.send(data);
             }
-            HashState::Failed(_) => {}
         }
     }
 
@@ -890,7 +888,6 @@ impl HashPipe {
                     .join()
                     .map_err(|_| FileError::Io("hashing the data failed".into()))
             }
-            HashState::Failed(e) => Err(FileError::Io(e)),
         }
     }
 }
