@@ -307,6 +307,10 @@ pub enum Pause {
     Stop,
 }
 
+/// What a session, a refused session and a request in flight are told
+/// when the emergency stop ends them.
+pub const STOPPED_BY_OPERATOR: &str = "the gateway was stopped by its operator";
+
 impl Pause {
     pub fn as_str(self) -> &'static str {
         match self {

@@ -50,6 +50,8 @@ pub enum StopReason {
     Cancelled,
     /// The policy no longer allows it.
     Revoked,
+    /// The operator's emergency stop (`portcullis pause`).
+    Stopped,
     /// Idle for the grant's `idle_timeout`.
     Idle,
     /// `resource.dispose`.
@@ -65,6 +67,7 @@ impl StopReason {
         match self {
             Self::Cancelled => "cancelled",
             Self::Revoked => "revoked",
+            Self::Stopped => "stopped",
             Self::Idle => "idle",
             Self::Disposed => "disposed",
             Self::SessionEnded => "session_ended",
@@ -797,9 +800,11 @@ pub async fn keeper(
         let stopped = *paused.borrow_and_update() == Pause::Stop;
         let (now, instant) = (jiff::Timestamp::now(), Instant::now());
         for process in processes.all() {
-            let revoked =
-                || stopped || !still_allowed(&current, &process.owner, &process.request, now);
-            if process.running() && !process.survive_revocation && revoked() {
+            let revoked = || !still_allowed(&current, &process.owner, &process.request, now);
+            if process.running() && !process.survive_revocation && stopped {
+                tracing::info!(process = %process.id, principal = %process.owner, "process stopped by the operator");
+                process.stop(StopReason::Stopped);
+            } else if process.running() && !process.survive_revocation && revoked() {
                 tracing::info!(process = %process.id, principal = %process.owner, "process revoked by the policy");
                 process.stop(StopReason::Revoked);
             } else if process.persist && process.idle(instant) {

@@ -26,7 +26,7 @@ use super::{
 };
 use crate::egress::CommandLink;
 use crate::files::Encoding;
-use crate::provider::{Call, StartEntry};
+use crate::provider::{Call, STOPPED_BY_OPERATOR, StartEntry};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use portcullis_wire::record::Channel;
 
@@ -240,13 +240,23 @@ async fn follow_until(
         result = process.exited() => result,
         () = call.cancel.cancelled() => return Err(let_go(call, process, owner, false)),
     };
-    // The keeper may stop a revoked process before the session marks this
-    // request revoked: the answer is the same either way.
-    if owner && process.stop_reason() == Some(StopReason::Revoked) {
-        return Err(ErrorBody::new(
-            ErrorCode::PermissionDenied,
-            "the policy no longer allows this request; it was stopped",
-        ));
+    // The keeper may stop a revoked process, or every process at the
+    // emergency stop, before the session marks this request revoked or
+    // ends: the answer is the same either way.
+    match process.stop_reason() {
+        Some(StopReason::Revoked) if owner => {
+            return Err(ErrorBody::new(
+                ErrorCode::PermissionDenied,
+                "the policy no longer allows this request; it was stopped",
+            ));
+        }
+        Some(StopReason::Stopped) if owner => {
+            return Err(ErrorBody::new(
+                ErrorCode::PolicyBlocked,
+                STOPPED_BY_OPERATOR,
+            ));
+        }
+        _ => {}
     }
     result["process_id"] = json!(process.id);
     result["stdout_bytes"] = json!(process.output.written(Channel::Stdout));

@@ -42,7 +42,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::provider::SessionResources;
-use crate::provider::{Asked, Origin, Outbound, Outbox, OutputForm, Pause, Requests, Usage};
+use crate::provider::{
+    Asked, Origin, Outbound, Outbox, OutputForm, Pause, Requests, STOPPED_BY_OPERATOR, Usage,
+};
 use crate::server::peer::Peer;
 use crate::server::state::{Gateway, SessionInfo};
 use portcullis_wire::channel::{ChannelError, RecordSink, RecordSource};
@@ -65,10 +67,6 @@ enum Inbox {
 }
 
 type InboxSender = mpsc::UnboundedSender<Inbox>;
-
-/// Why a session ends at the emergency stop (its close reason, and its
-/// requests' answer).
-const STOPPED: &str = "the gateway was stopped by its operator";
 
 /// One session over any transport, from its opened channel to its close.
 /// `started` is when the connection began (`relay.accepted` is due within
@@ -105,7 +103,7 @@ pub async fn run<R, W>(
             Some(&principal),
             format!("peer {peer}: the gateway is stopped by its operator"),
         );
-        return writer.close(true, STOPPED).await;
+        return writer.close(true, STOPPED_BY_OPERATOR).await;
     }
     let token_due = token_due
         && policy
@@ -368,7 +366,7 @@ impl Session {
                 Ok(()) = paused_rx.changed() => {
                     let pause = *paused_rx.borrow_and_update();
                     if pause == Pause::Stop {
-                        break self.end(ErrorCode::PolicyBlocked, STOPPED, true);
+                        break self.end(ErrorCode::PolicyBlocked, STOPPED_BY_OPERATOR, true);
                     }
                     let event = if pause == Pause::Soft { "provider.paused" } else { "provider.resumed" };
                     self.event(event, json!({"mode": pause.as_str()})).await;
