@@ -311,6 +311,10 @@ pub enum Pause {
 /// when the emergency stop ends them.
 pub const STOPPED_BY_OPERATOR: &str = "the gateway was stopped by its operator";
 
+/// What a request in flight is told when a change of the policy takes away
+/// what allowed it.
+pub const REVOKED_BY_POLICY: &str = "the policy no longer allows this request; it was stopped";
+
 impl Pause {
     pub fn as_str(self) -> &'static str {
         match self {

@@ -800,13 +800,19 @@ pub async fn keeper(
         let stopped = *paused.borrow_and_update() == Pause::Stop;
         let (now, instant) = (jiff::Timestamp::now(), Instant::now());
         for process in processes.all() {
-            let revoked = || !still_allowed(&current, &process.owner, &process.request, now);
-            if process.running() && !process.survive_revocation && stopped {
-                tracing::info!(process = %process.id, principal = %process.owner, "process stopped by the operator");
-                process.stop(StopReason::Stopped);
-            } else if process.running() && !process.survive_revocation && revoked() {
-                tracing::info!(process = %process.id, principal = %process.owner, "process revoked by the policy");
-                process.stop(StopReason::Revoked);
+            let revocable = process.running() && !process.survive_revocation;
+            let revoked = if !revocable {
+                None
+            } else if stopped {
+                Some(StopReason::Stopped)
+            } else if !still_allowed(&current, &process.owner, &process.request, now) {
+                Some(StopReason::Revoked)
+            } else {
+                None
+            };
+            if let Some(reason) = revoked {
+                tracing::info!(process = %process.id, principal = %process.owner, reason = reason.as_str(), "process revoked");
+                process.stop(reason);
             } else if process.persist && process.idle(instant) {
                 match process.running() {
                     true => process.stop(StopReason::Idle),

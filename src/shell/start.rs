@@ -26,7 +26,7 @@ use super::{
 };
 use crate::egress::CommandLink;
 use crate::files::Encoding;
-use crate::provider::{Call, STOPPED_BY_OPERATOR, StartEntry};
+use crate::provider::{Call, REVOKED_BY_POLICY, STOPPED_BY_OPERATOR, StartEntry};
 use portcullis_wire::frame::{ErrorBody, ErrorCode, Request};
 use portcullis_wire::record::Channel;
 
@@ -243,20 +243,13 @@ async fn follow_until(
     // The keeper may stop a revoked process, or every process at the
     // emergency stop, before the session marks this request revoked or
     // ends: the answer is the same either way.
-    match process.stop_reason() {
-        Some(StopReason::Revoked) if owner => {
-            return Err(ErrorBody::new(
-                ErrorCode::PermissionDenied,
-                "the policy no longer allows this request; it was stopped",
-            ));
-        }
-        Some(StopReason::Stopped) if owner => {
-            return Err(ErrorBody::new(
-                ErrorCode::PolicyBlocked,
-                STOPPED_BY_OPERATOR,
-            ));
-        }
-        _ => {}
+    let revoked = match process.stop_reason() {
+        Some(StopReason::Revoked) => Some((ErrorCode::PermissionDenied, REVOKED_BY_POLICY)),
+        Some(StopReason::Stopped) => Some((ErrorCode::PolicyBlocked, STOPPED_BY_OPERATOR)),
+        _ => None,
+    };
+    if let Some((code, message)) = revoked.filter(|_| owner) {
+        return Err(ErrorBody::new(code, message));
     }
     result["process_id"] = json!(process.id);
     result["stdout_bytes"] = json!(process.output.written(Channel::Stdout));

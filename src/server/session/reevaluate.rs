@@ -101,10 +101,10 @@ impl Session {
         for (id, running) in &self.in_flight {
             if !allowed(&running.request) {
                 info!(session = self.info.id, request = %id, "request revoked by the policy");
-                let message = "the policy no longer allows this request; it was stopped";
-                let _ = running
-                    .revoked
-                    .set(ErrorBody::new(ErrorCode::PermissionDenied, message));
+                let _ = running.revoked.set(ErrorBody::new(
+                    ErrorCode::PermissionDenied,
+                    crate::provider::REVOKED_BY_POLICY,
+                ));
                 running.cancel.cancel();
             }
         }
