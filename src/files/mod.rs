@@ -16,6 +16,7 @@ mod pools;
 pub mod search;
 pub mod watch;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -78,20 +79,24 @@ impl Files {
         }))
     }
 
-    /// Runs a file operation of a few system calls on the quick threads.
+    /// Runs a file operation of a few system calls on the quick threads,
+    /// within the share of them of the root whose host directory is `root`.
     async fn quick<T: Send + 'static>(
         &self,
+        root: &Path,
         op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
     ) -> Result<T, ErrorBody> {
-        joined(self.0.quick.spawn(op)).await
+        joined(self.0.quick.run(root, op).await).await
     }
 
-    /// Runs an inline write (or edit) on the write threads.
+    /// Runs an inline write (or edit) on the write threads, within the
+    /// root's share of them.
     async fn inline_write<T: Send + 'static>(
         &self,
+        root: &Path,
         op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
     ) -> Result<T, ErrorBody> {
-        joined(self.0.writes.spawn(op)).await
+        joined(self.0.writes.run(root, op).await).await
     }
 }
 
@@ -389,8 +394,9 @@ async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
                 "file.stat" => match ops::stat_cached(&file, &path) {
                     Some(answer) => Ok(answer),
                     None => {
+                        let host = file.host_root.clone();
                         files
-                            .quick(move || ops::stat(&open_root(&file)?, &path))
+                            .quick(&host, move || ops::stat(&open_root(&file)?, &path))
                             .await
                     }
                 },
@@ -407,8 +413,11 @@ async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
                 }
                 "file.mkdir" => {
                     let flags: Flags = params(&request)?;
+                    let host = file.host_root.clone();
                     files
-                        .quick(move || ops::mkdir(&open_root(&file)?, &path, flags.parents))
+                        .quick(&host, move || {
+                            ops::mkdir(&open_root(&file)?, &path, flags.parents)
+                        })
                         .await
                 }
                 "file.delete" => {
@@ -537,6 +546,7 @@ async fn read(
     if p.stream {
         return read_stream(file, p, sink, cancel).await;
     }
+    let host = file.host_root.clone();
     let op = move || {
         let root = open_root(&file)?;
         let (handle, size) = ops::open_read(&root, &file.path)?;
@@ -564,7 +574,7 @@ async fn read(
         result["eof"] = json!(offset + used as u64 >= size);
         Ok(result)
     };
-    files.quick(op).await
+    files.quick(&host, op).await
 }
 
 /// `file.read` with `stream`: the file is opened on a blocking thread,
@@ -668,7 +678,7 @@ async fn read_as_artifact(files: &Files, call: &Call) -> Result<Value, ErrorBody
     };
     let file = file.clone();
     let (handle, size, path) = files
-        .quick(move || {
+        .quick(&file.host_root.clone(), move || {
             let root = open_root(&file)?;
             let (handle, size) = ops::open_read(&root, &file.path)?;
             Ok((handle, size, root.virtual_path(&file.path)))
@@ -821,7 +831,8 @@ async fn edit_file(
             .map(|e| e.old_text.len() + e.new_text.len())
             .sum(),
     );
-    files.inline_write(move || {
+    let host = file.host_root.clone();
+    files.inline_write(&host, move || {
         let root = open_root(&file)?;
         let vpath = root.virtual_path(&file.path);
         let (handle, size) = ops::open_read(&root, &file.path)?;
@@ -878,6 +889,7 @@ async fn write(
         usage.add_in(data.len());
     }
     let streamed = inline.is_none();
+    let host = file.host_root.clone();
     let mut input = input;
     let op = move || {
         let root = open_root(&file)?;
@@ -929,7 +941,7 @@ async fn write(
     if streamed {
         blocking(op).await
     } else {
-        files.inline_write(op).await
+        files.inline_write(&host, op).await
     }
 }
 
@@ -1031,7 +1043,9 @@ pub(crate) mod tests {
         let limit = std::time::Duration::from_secs(10);
         let files = Files::new();
         for _ in 0..pools::QUICK_THREADS + 2 {
-            let answer = files.quick(|| -> Result<(), FileError> { panic!("a bug") });
+            let answer = files.quick(Path::new("/"), || -> Result<(), FileError> {
+                panic!("a bug")
+            });
             let answer = tokio::time::timeout(limit, answer)
                 .await
                 .expect("no thread serves the quick operations any more");
@@ -1039,8 +1053,9 @@ pub(crate) mod tests {
             assert_eq!(error.code, ErrorCode::ProviderError);
             assert!(!error.message.contains("a bug"), "{}", error.message);
         }
-        let all =
-            futures_util::future::join_all((0..64u32).map(|i| files.quick(move || Ok(i * 2))));
+        let all = futures_util::future::join_all(
+            (0..64u32).map(|i| files.quick(Path::new("/"), move || Ok(i * 2))),
+        );
         let answers = tokio::time::timeout(limit, all)
             .await
             .expect("no thread serves the quick operations any more");
@@ -1111,7 +1126,9 @@ pub(crate) mod tests {
     async fn an_operations_error_keeps_its_code() {
         let files = Files::new();
         let answer = files
-            .quick(|| -> Result<(), FileError> { Err(FileError::Cancelled) })
+            .quick(Path::new("/"), || -> Result<(), FileError> {
+                Err(FileError::Cancelled)
+            })
             .await;
         assert_eq!(
             answer.unwrap_err().code,

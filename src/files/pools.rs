@@ -20,13 +20,24 @@
 //! Only operations with a bounded amount of work come here. Streams (a
 //! slow reader or writer would hold a thread; what of a streamed read the
 //! page cache lacks), listings, searches, copies and deletes stay on the
-//! main blocking pool. A file system that hangs (a dead network mount) can
-//! still hold all of a pool's threads; then its operations wait in the
-//! queue, and the others go on. The queue has no bound of its own: the
-//! requests in flight (per session and sessions per gateway) bound it, as
-//! they bound the main pool.
+//! main blocking pool.
+//!
+//! A file system that hangs (a dead network mount, a FUSE server that
+//! stopped answering) holds every thread that touches it. So one root's
+//! operations may hold at most half a pool's threads ([`Pool::run`]
+//! waits, cancellably, for the root's share before it takes a thread):
+//! a hung root's further operations wait for its share, and every other
+//! root's go on. Roots are told apart by their directory on the host; two
+//! roots on one hung mount may together hold all of a pool's threads. The
+//! waits have no bound of their own: the requests in flight (per session
+//! and sessions per gateway) bound them, as they bound the main pool.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::runtime::{Builder, Runtime};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 /// The threads that run quick operations.
@@ -35,9 +46,21 @@ pub(super) const QUICK_THREADS: usize = 16;
 /// The threads that run inline writes.
 pub(super) const WRITE_THREADS: usize = 8;
 
+/// Roots whose shares are kept while none of their operations runs;
+/// past it, idle shares are dropped (the policy's grants bound the roots,
+/// templated per principal, so this is rarely reached).
+const IDLE_SHARES_KEPT: usize = 64;
+
 /// A second runtime, whose blocking pool runs one kind of these
-/// operations; or, when it could not be built, the main pool.
-pub(super) struct Pool(Option<Runtime>);
+/// operations (or, when it could not be built, the main pool), and each
+/// root's share of its threads.
+pub(super) struct Pool {
+    runtime: Option<Runtime>,
+    /// Operations one root may run at once.
+    per_root: usize,
+    /// Each root's share, by its directory on the host.
+    shares: Mutex<HashMap<PathBuf, Arc<Semaphore>>>,
+}
 
 impl Pool {
     /// The pool for quick operations.
@@ -57,18 +80,49 @@ impl Pool {
             .build()
             .inspect_err(|e| tracing::warn!("no {name} threads ({e}); using the blocking pool"))
             .ok();
-        Self(runtime)
+        Self {
+            runtime,
+            per_root: (threads / 2).max(1),
+            shares: Mutex::new(HashMap::new()),
+        }
     }
 
-    /// Starts `op` on one of the pool's threads (or the main blocking pool).
-    pub(super) fn spawn<T: Send + 'static>(
+    /// Runs `op`, an operation on the root whose directory on the host is
+    /// `root`, on one of the pool's threads (or the main blocking pool)
+    /// once the root has a free share. The share is held until `op`
+    /// returns, even if the caller stops waiting for it: the thread is
+    /// taken until then.
+    pub(super) async fn run<T: Send + 'static>(
         &self,
+        root: &Path,
         op: impl FnOnce() -> T + Send + 'static,
     ) -> JoinHandle<T> {
-        match &self.0 {
+        let share = self.share(root);
+        // Never closed, so acquiring fails never; were it closed, the
+        // operation would run unshared rather than not at all.
+        let permit = share.acquire_owned().await.ok();
+        let op = move || {
+            let _permit = permit;
+            op()
+        };
+        match &self.runtime {
             Some(runtime) => runtime.spawn_blocking(op),
             None => tokio::task::spawn_blocking(op),
         }
+    }
+
+    fn share(&self, root: &Path) -> Arc<Semaphore> {
+        let mut shares = self.shares.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(share) = shares.get(root) {
+            return share.clone();
+        }
+        if shares.len() >= IDLE_SHARES_KEPT {
+            // Only the map holds an idle share.
+            shares.retain(|_, share| Arc::strong_count(share) > 1);
+        }
+        let share = Arc::new(Semaphore::new(self.per_root));
+        shares.insert(root.to_path_buf(), share.clone());
+        share
     }
 }
 
@@ -76,8 +130,100 @@ impl Drop for Pool {
     /// A runtime dropped inside another would block it; this one lets its
     /// threads finish on their own.
     fn drop(&mut self) {
-        if let Some(runtime) = self.0.take() {
+        if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    use tokio::sync::RwLock;
+
+    use super::*;
+
+    /// A root whose operations hang (a dead mount: here, a lock the test
+    /// holds) takes only its share of a pool's threads: another root's
+    /// operations answer meanwhile, the hung root's further operations
+    /// wait for its share, and all of them answer once it does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hung_root_holds_only_its_share_of_the_threads() {
+        let limit = Duration::from_secs(20);
+        for (pool, threads) in [
+            (Arc::new(Pool::quick()), QUICK_THREADS),
+            (Arc::new(Pool::writes()), WRITE_THREADS),
+        ] {
+            let file_system = Arc::new(RwLock::new(()));
+            let hung = file_system.clone().write_owned().await;
+            let started = Arc::new(AtomicUsize::new(0));
+            let on_hung_root: Vec<_> = (0..threads)
+                .map(|_| {
+                    let (pool, file_system, started) =
+                        (pool.clone(), file_system.clone(), started.clone());
+                    tokio::spawn(async move {
+                        let op = move || {
+                            started.fetch_add(1, Ordering::SeqCst);
+                            drop(file_system.blocking_read());
+                        };
+                        pool.run(Path::new("/mnt/hung"), op).await.await
+                    })
+                })
+                .collect();
+            let elsewhere = futures_util::future::join_all((0..4 * threads).map(|i| {
+                let pool = pool.clone();
+                async move { pool.run(Path::new("/srv/local"), move || i * 2).await.await }
+            }));
+            let answers = tokio::time::timeout(limit, elsewhere)
+                .await
+                .expect("a hung root held every thread of the pool");
+            let doubled: Vec<usize> = answers.into_iter().map(|a| a.unwrap()).collect();
+            assert_eq!(doubled, (0..4 * threads).map(|i| i * 2).collect::<Vec<_>>());
+
+            let deadline = Instant::now() + limit;
+            while started.load(Ordering::SeqCst) < threads / 2 {
+                assert!(Instant::now() < deadline, "the hung root's share never ran");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(started.load(Ordering::SeqCst), threads / 2);
+
+            drop(hung);
+            for op in on_hung_root {
+                tokio::time::timeout(limit, op)
+                    .await
+                    .expect("the hung root's operations stayed queued once it answered")
+                    .unwrap()
+                    .unwrap();
+            }
+            assert_eq!(started.load(Ordering::SeqCst), threads);
+        }
+    }
+
+    /// Idle roots' shares are dropped once many roots have been used; a
+    /// root with an operation running keeps its share.
+    #[tokio::test]
+    async fn idle_shares_are_dropped_and_busy_ones_kept() {
+        let pool = Pool::quick();
+        let busy = pool.share(Path::new("/busy"));
+        let _permit = busy.clone().try_acquire_owned().unwrap();
+        for i in 0..3 * IDLE_SHARES_KEPT {
+            pool.run(Path::new(&format!("/root/{i}")), || ())
+                .await
+                .await
+                .unwrap();
+        }
+        let shares = pool.shares.lock().unwrap();
+        assert!(
+            shares.len() <= IDLE_SHARES_KEPT,
+            "{} shares kept",
+            shares.len()
+        );
+        let kept = shares
+            .get(Path::new("/busy"))
+            .expect("a busy share was dropped");
+        assert!(Arc::ptr_eq(kept, &busy));
+        assert_eq!(kept.available_permits(), QUICK_THREADS / 2 - 1);
     }
 }
