@@ -40,11 +40,11 @@ use tokio::runtime::{Builder, Runtime};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-/// The threads that run quick operations.
-pub(super) const QUICK_THREADS: usize = 16;
+/// The threads that run quick operations: twice one root's share.
+pub(super) const QUICK_THREADS: usize = 32;
 
-/// The threads that run inline writes.
-pub(super) const WRITE_THREADS: usize = 8;
+/// The threads that run inline writes (twice one root's share).
+pub(super) const WRITE_THREADS: usize = 16;
 
 /// Roots whose shares are kept while none of their operations runs;
 /// past it, idle shares are dropped (the policy's grants bound the roots,
