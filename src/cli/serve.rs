@@ -116,6 +116,7 @@ pub(crate) fn assemble(config: Config) -> Result<Assembled, ExitCode> {
         .map_err(|errors| fail(format!("the policy does not load:\n{errors}")))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(portcullis::files::BLOCKING_THREADS)
         .build()
         .map_err(|e| fail(format!("cannot start the async runtime: {e}")))?;
     let store_dir = config.state_dir.join("store");

@@ -2,7 +2,7 @@
 //!
 //! Policy has decided and normalised the path ([`FileTerms`]); this module
 //! parses the method's other params, runs the operation from `ops.rs` on
-//! the blocking pool (or, for a few system calls' work and for inline
+//! the blocking pool within its root's share (or, for a few system calls' work and for inline
 //! writes, on `pools.rs`'s threads; a stat the kernel answers from memory, and a streamed read's
 //! chunks the page cache has, on the runtime worker: `ops::stat_cached`,
 //! `ops::read_cached_into`), confined by `confine.rs`, and moves data: small
@@ -13,6 +13,7 @@ pub mod direct;
 mod edit;
 pub mod ops;
 mod pools;
+pub use pools::BLOCKING_THREADS;
 pub mod search;
 pub mod watch;
 
@@ -59,6 +60,8 @@ struct State {
     quick: pools::Pool,
     /// Threads of their own for inline writes.
     writes: pools::Pool,
+    /// Each root's share of the main blocking pool, for everything else.
+    main: pools::Pool,
     /// The one inotify watcher every `file.watch` shares.
     hub: Arc<watch::Hub>,
 }
@@ -75,6 +78,7 @@ impl Files {
             artifacts,
             quick: pools::Pool::quick(),
             writes: pools::Pool::writes(),
+            main: pools::Pool::main(),
             hub: watch::Hub::new(),
         }))
     }
@@ -86,7 +90,7 @@ impl Files {
         root: &Path,
         op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
     ) -> Result<T, ErrorBody> {
-        joined(self.0.quick.run(root, op).await).await
+        joined(self.0.quick.run(&[root], op).await).await
     }
 
     /// Runs an inline write (or edit) on the write threads, within the
@@ -96,7 +100,18 @@ impl Files {
         root: &Path,
         op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
     ) -> Result<T, ErrorBody> {
-        joined(self.0.writes.run(root, op).await).await
+        joined(self.0.writes.run(&[root], op).await).await
+    }
+
+    /// Runs any other file operation on the main blocking pool, within the
+    /// share of it of every root it touches (whose host directories are
+    /// `roots`).
+    async fn blocking<T: Send + 'static>(
+        &self,
+        roots: &[&Path],
+        op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
+    ) -> Result<T, ErrorBody> {
+        joined(self.0.main.run(roots, op).await).await
     }
 }
 
@@ -371,22 +386,24 @@ async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
         ("file.move" | "file.copy", Terms::Transfer { from, to }) => {
             let flags: Flags = params(&request)?;
             let copy = request.method == "file.copy";
-            blocking(move || {
-                let (from_root, to_root) = (open_root(&from)?, open_root(&to)?);
-                if copy {
-                    ops::copy(
-                        &from_root,
-                        &from.path,
-                        &to_root,
-                        &to.path,
-                        flags.overwrite,
-                        &cancel,
-                    )
-                } else {
-                    ops::rename(&from_root, &from.path, &to_root, &to.path, flags.overwrite)
-                }
-            })
-            .await
+            let roots = (from.host_root.clone(), to.host_root.clone());
+            files
+                .blocking(&[&roots.0, &roots.1], move || {
+                    let (from_root, to_root) = (open_root(&from)?, open_root(&to)?);
+                    if copy {
+                        ops::copy(
+                            &from_root,
+                            &from.path,
+                            &to_root,
+                            &to.path,
+                            flags.overwrite,
+                            &cancel,
+                        )
+                    } else {
+                        ops::rename(&from_root, &from.path, &to_root, &to.path, flags.overwrite)
+                    }
+                })
+                .await
         }
         (method, Terms::File(file)) => {
             let path = file.path.clone();
@@ -409,7 +426,12 @@ async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
                         limit: p.limit.clamp(1, 10_000),
                         budget: RESPONSE_BUDGET,
                     };
-                    blocking(move || ops::list(&open_root(&file)?, &path, &how, &cancel)).await
+                    let host = file.host_root.clone();
+                    files
+                        .blocking(&[&host], move || {
+                            ops::list(&open_root(&file)?, &path, &how, &cancel)
+                        })
+                        .await
                 }
                 "file.mkdir" => {
                     let flags: Flags = params(&request)?;
@@ -422,14 +444,20 @@ async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
                 }
                 "file.delete" => {
                     let flags: Flags = params(&request)?;
-                    blocking(move || {
-                        ops::delete(&open_root(&file)?, &path, flags.recursive, &cancel)
-                    })
-                    .await
+                    let host = file.host_root.clone();
+                    files
+                        .blocking(&[&host], move || {
+                            ops::delete(&open_root(&file)?, &path, flags.recursive, &cancel)
+                        })
+                        .await
                 }
                 "file.search" => {
                     let p: search::SearchParams = params(&request)?;
-                    blocking(move || search::search(&open_root(&file)?, &path, p, &stream, &cancel))
+                    let host = file.host_root.clone();
+                    files
+                        .blocking(&[&host], move || {
+                            search::search(&open_root(&file)?, &path, p, &stream, &cancel)
+                        })
                         .await
                 }
                 "file.watch" => {
@@ -437,11 +465,21 @@ async fn serve(files: Files, call: Call) -> Result<Value, ErrorBody> {
                     let id = resources.reserve("w")?;
                     let (events, runtime) = (resources.events(), tokio::runtime::Handle::current());
                     let (watch_id, hub) = (id.clone(), files.0.hub.clone());
-                    let (guard, info) = blocking(move || {
-                        let root = open_root(&file)?;
-                        watch::start(&hub, root, &path, p.recursive, &watch_id, events, &runtime)
-                    })
-                    .await?;
+                    let host = file.host_root.clone();
+                    let (guard, info) = files
+                        .blocking(&[&host], move || {
+                            let root = open_root(&file)?;
+                            watch::start(
+                                &hub,
+                                root,
+                                &path,
+                                p.recursive,
+                                &watch_id,
+                                events,
+                                &runtime,
+                            )
+                        })
+                        .await?;
                     resources.add(
                         id.clone(),
                         "file.watch",
@@ -482,13 +520,6 @@ fn unserved(method: &str) -> ErrorBody {
         ErrorCode::ProviderError,
         format!("`{method}` reached the files provider without file terms"),
     )
-}
-
-/// Runs a file operation on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
-) -> Result<T, ErrorBody> {
-    joined(tokio::task::spawn_blocking(op)).await
 }
 
 /// Confinement's view of a granted root.
@@ -544,7 +575,7 @@ async fn read(
     max_result: usize,
 ) -> Result<Value, ErrorBody> {
     if p.stream {
-        return read_stream(file, p, sink, cancel).await;
+        return read_stream(files, file, p, sink, cancel).await;
     }
     let host = file.host_root.clone();
     let op = move || {
@@ -584,17 +615,20 @@ async fn read(
 /// file goes out without a hand-off between threads per chunk. A stream
 /// waits for its reader: never on a quick thread.
 async fn read_stream(
+    files: &Files,
     file: FileTerms,
     p: ReadParams,
     sink: StreamSink,
     cancel: CancellationToken,
 ) -> Result<Value, ErrorBody> {
-    let (handle, size, path) = blocking(move || {
-        let root = open_root(&file)?;
-        let (handle, size) = ops::open_read(&root, &file.path)?;
-        Ok((Arc::new(handle), size, root.virtual_path(&file.path)))
-    })
-    .await?;
+    let host = file.host_root.clone();
+    let (handle, size, path) = files
+        .blocking(&[&host], move || {
+            let root = open_root(&file)?;
+            let (handle, size) = ops::open_read(&root, &file.path)?;
+            Ok((Arc::new(handle), size, root.virtual_path(&file.path)))
+        })
+        .await?;
     let offset = p.offset.min(size);
     let want = p.length.unwrap_or(size - offset).min(size - offset);
     let mut hasher = p.sha256.then(Sha256::new);
@@ -621,12 +655,13 @@ async fn read_stream(
             CachedRead::Read(n) => n,
             CachedRead::Missing | CachedRead::Unsupported => {
                 let handle = handle.clone();
-                let read = blocking(move || {
-                    let n = ops::read_at_into(&handle, at, room, chunk.buffer())?;
-                    Ok((chunk, n))
-                });
                 let n;
-                (chunk, n) = read.await?;
+                (chunk, n) = files
+                    .blocking(&[&host], move || {
+                        let n = ops::read_at_into(&handle, at, room, chunk.buffer())?;
+                        Ok((chunk, n))
+                    })
+                    .await?;
                 n
             }
         };
@@ -676,9 +711,9 @@ async fn read_as_artifact(files: &Files, call: &Call) -> Result<Value, ErrorBody
             "this gateway uploads no artifacts",
         ));
     };
-    let file = file.clone();
+    let (file, host) = (file.clone(), file.host_root.clone());
     let (handle, size, path) = files
-        .quick(&file.host_root.clone(), move || {
+        .quick(&host, move || {
             let root = open_root(&file)?;
             let (handle, size) = ops::open_read(&root, &file.path)?;
             Ok((handle, size, root.virtual_path(&file.path)))
@@ -939,7 +974,7 @@ async fn write(
     // A streamed upload waits for its client between chunks: never on a
     // pool of a few threads.
     if streamed {
-        blocking(op).await
+        files.blocking(&[&host], op).await
     } else {
         files.inline_write(&host, op).await
     }
