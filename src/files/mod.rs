@@ -17,7 +17,7 @@ pub use pools::BLOCKING_THREADS;
 pub mod search;
 pub mod watch;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -920,63 +920,176 @@ async fn write(
             ));
         }
     };
-    if let Some(data) = &inline {
-        usage.add_in(data.len());
-    }
-    let streamed = inline.is_none();
     let host = file.host_root.clone();
-    let mut input = input;
-    let op = move || {
-        let root = open_root(&file)?;
-        let vpath = root.virtual_path(&file.path);
-        let mut sink: Box<dyn Sink> = if append {
-            Box::new(Appender::open(&root, &file.path, p.sha256)?)
-        } else {
-            Box::new(AtomicFile::create(
-                &root,
-                &file.path,
-                p.create_parents,
-                p.sha256,
-            )?)
+    let Some(data) = inline else {
+        let Some(input) = input else {
+            return Err(error_body(FileError::Io("the upload has no input".into())));
         };
-        match inline {
-            Some(data) => sink.put(Bytes::from(data))?,
-            None => {
-                let Some(input) = input.as_mut() else {
-                    return Err(FileError::Io("the upload has no input".into()));
-                };
-                loop {
-                    // `None`: cancelled or the session ended; dropping the
-                    // sink removes the partial file.
-                    let chunk = input.blocking_recv().ok_or(FileError::Cancelled)?;
-                    if chunk.is_empty() {
-                        break;
-                    }
-                    if p.size
-                        .is_some_and(|size| sink.size() + chunk.len() as u64 > size)
-                    {
-                        return Err(too_long(&vpath, p.size));
-                    }
-                    sink.put(chunk)?;
-                }
-                if let Some(size) = p.size
-                    && sink.size() != size
-                {
-                    return Err(FileError::Invalid(format!(
-                        "{vpath}: {} bytes arrived, `size` said {size}; nothing was written",
-                        sink.size()
-                    )));
-                }
-            }
-        }
-        sink.finish()
+        return streamed_write(files, file, p, append, input).await;
     };
-    // A streamed upload waits for its client between chunks: never on a
-    // pool of a few threads.
-    if streamed {
-        files.blocking(&[&host], op).await
+    usage.add_in(data.len());
+    files
+        .inline_write(&host, move || {
+            let root = open_root(&file)?;
+            let mut sink = open_sink(&root, &file.path, append, &p)?;
+            sink.put(Bytes::from(data))?;
+            sink.finish()
+        })
+        .await
+}
+
+/// Where `file.write` or `file.append` of `path` puts its bytes.
+fn open_sink(
+    root: &Root,
+    path: &str,
+    append: bool,
+    p: &WriteParams,
+) -> Result<Box<dyn Sink + Send>, FileError> {
+    Ok(if append {
+        Box::new(Appender::open(root, path, p.sha256)?)
     } else {
-        files.inline_write(&host, op).await
+        Box::new(AtomicFile::create(root, path, p.create_parents, p.sha256)?)
+    })
+}
+
+/// A streamed upload (`stream: true`): it waits for its client's chunks on
+/// the runtime and takes a thread of the main blocking pool (within the
+/// root's share) only to write what has arrived. So uploads whose client
+/// sends slowly, or nothing at all, hold no thread and no share, however
+/// many a principal opens.
+async fn streamed_write(
+    files: &Files,
+    file: FileTerms,
+    p: WriteParams,
+    append: bool,
+    mut input: mpsc::Receiver<Bytes>,
+) -> Result<Value, ErrorBody> {
+    let host = file.host_root.clone();
+    let opened = files
+        .blocking(&[&host], move || {
+            let root = open_root(&file)?;
+            Ok(Incoming {
+                sink: open_sink(&root, &file.path, append, &p)?,
+                vpath: root.virtual_path(&file.path),
+                size: p.size,
+            })
+        })
+        .await?;
+    let mut parked = Parked {
+        files: files.clone(),
+        host: host.clone(),
+        upload: Some(opened),
+    };
+    loop {
+        // `None`: cancelled or the session ended; the parked upload is
+        // dropped (its partial file removed) off the runtime.
+        let chunk = input
+            .recv()
+            .await
+            .ok_or_else(|| error_body(FileError::Cancelled))?;
+        let Some(upload) = parked.upload.take() else {
+            return Err(error_body(FileError::Io("the upload was lost".into())));
+        };
+        match files
+            .blocking(&[&host], move || upload.write(chunk, input))
+            .await?
+        {
+            Written::More(upload, rest) => {
+                parked.upload = Some(upload);
+                input = rest;
+            }
+            Written::Done(result) => return Ok(result),
+        }
+    }
+}
+
+/// A streamed upload's file and what it must come to.
+struct Incoming {
+    sink: Box<dyn Sink + Send>,
+    vpath: String,
+    /// The size the client said the upload has.
+    size: Option<u64>,
+}
+
+/// What [`Incoming::write`] left: an upload waiting for more, or its result.
+enum Written {
+    More(Incoming, mpsc::Receiver<Bytes>),
+    Done(Value),
+}
+
+impl Incoming {
+    /// Writes `chunk` and every chunk already queued behind it, so a client
+    /// that sends faster than the disk takes keeps its thread; the empty
+    /// chunk that ends an upload finishes it. An error drops the sink here,
+    /// on the blocking thread, which removes the partial file.
+    fn write(
+        mut self,
+        first: Bytes,
+        mut input: mpsc::Receiver<Bytes>,
+    ) -> Result<Written, FileError> {
+        let mut chunk = first;
+        loop {
+            if chunk.is_empty() {
+                return self.finish().map(Written::Done);
+            }
+            if self
+                .size
+                .is_some_and(|size| self.sink.size() + chunk.len() as u64 > size)
+            {
+                return Err(too_long(&self.vpath, self.size));
+            }
+            self.sink.put(chunk)?;
+            chunk = match input.try_recv() {
+                Ok(next) => next,
+                Err(mpsc::error::TryRecvError::Empty) => return Ok(Written::More(self, input)),
+                Err(mpsc::error::TryRecvError::Disconnected) => return Err(FileError::Cancelled),
+            };
+        }
+    }
+
+    fn finish(self) -> Result<Value, FileError> {
+        if let Some(size) = self.size
+            && self.sink.size() != size
+        {
+            return Err(FileError::Invalid(format!(
+                "{}: {} bytes arrived, `size` said {size}; nothing was written",
+                self.vpath,
+                self.sink.size()
+            )));
+        }
+        self.sink.finish()
+    }
+}
+
+/// An upload between its chunks. Should the request end there (cancelled
+/// past its grace, the session gone), the upload is dropped on a blocking
+/// thread within the root's share: removing its partial file is a system
+/// call on a file system that may hang, never for a runtime worker.
+struct Parked {
+    files: Files,
+    host: PathBuf,
+    upload: Option<Incoming>,
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        let Some(upload) = self.upload.take() else {
+            return;
+        };
+        let (files, host) = (self.files.clone(), std::mem::take(&mut self.host));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = files
+                        .blocking(&[&host], move || {
+                            drop(upload);
+                            Ok(())
+                        })
+                        .await;
+                });
+            }
+            Err(_) => drop(upload),
+        }
     }
 }
 
@@ -1155,6 +1268,98 @@ pub(crate) mod tests {
             let written = std::fs::read_to_string(dir.path().join(format!("upload-{i}"))).unwrap();
             assert_eq!(written, format!("up {i}"));
         }
+    }
+
+    /// The entries of `dir` once there are `n` of them (within 20 s).
+    async fn entries_become(dir: &Path, n: usize) -> usize {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let count = std::fs::read_dir(dir).unwrap().count();
+            if count == n || std::time::Instant::now() > deadline {
+                return count;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Streamed uploads whose client sends nothing hold no thread and no
+    /// share: more of them on one root than its share of the main pool
+    /// leave that root's other operations going.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn uploads_waiting_for_their_client_hold_no_thread() {
+        let limit = std::time::Duration::from_secs(20);
+        let dir = tempfile::tempdir().unwrap();
+        let files = Files::new();
+        let usage = Arc::new(Usage::default());
+        let waiting = pools::BLOCKING_THREADS / 2 + 8;
+        let mut uploads = Vec::new();
+        for i in 0..waiting {
+            let (tx, rx) = mpsc::channel(4);
+            let p: WriteParams = serde_json::from_value(json!({"stream": true})).unwrap();
+            let file = FileTerms {
+                path: format!("upload-{i}"),
+                ..terms(dir.path(), false)
+            };
+            let (files, usage) = (files.clone(), usage.clone());
+            let upload =
+                tokio::spawn(async move { write(&files, file, p, false, Some(rx), usage).await });
+            uploads.push((tx, upload));
+        }
+        // Every upload has made its partial file and waits for data.
+        assert_eq!(entries_become(dir.path(), waiting).await, waiting);
+        let root = [dir.path()];
+        let listed = files.blocking(&root, || Ok(1));
+        let listed = tokio::time::timeout(limit, listed)
+            .await
+            .expect("the root's operations waited behind uploads that wait for their client");
+        assert_eq!(listed.unwrap(), 1);
+        for (i, (tx, upload)) in uploads.into_iter().enumerate() {
+            for part in [format!("up {i}, "), "then more".to_string()] {
+                tx.send(Bytes::from(part)).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            tx.send(Bytes::new()).await.unwrap();
+            let result = tokio::time::timeout(limit, upload)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            let expected = format!("up {i}, then more");
+            assert_eq!(result["size"], json!(expected.len()));
+            assert_eq!(
+                result["sha256"],
+                json!(hex::encode(Sha256::digest(&expected)))
+            );
+            let written = std::fs::read_to_string(dir.path().join(format!("upload-{i}"))).unwrap();
+            assert_eq!(written, expected);
+        }
+    }
+
+    /// An upload whose request ends between chunks (its task dropped, as
+    /// past a cancel's grace) still removes its partial file.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upload_dropped_between_chunks_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = Files::new();
+        let (tx, rx) = mpsc::channel(4);
+        let p: WriteParams = serde_json::from_value(json!({"stream": true})).unwrap();
+        let file = FileTerms {
+            path: "partial.bin".into(),
+            ..terms(dir.path(), false)
+        };
+        let usage = Arc::new(Usage::default());
+        let upload =
+            tokio::spawn(async move { write(&files, file, p, false, Some(rx), usage).await });
+        tx.send(Bytes::from(vec![7u8; 100_000])).await.unwrap();
+        assert_eq!(entries_become(dir.path(), 1).await, 1);
+        upload.abort();
+        assert!(upload.await.unwrap_err().is_cancelled());
+        assert_eq!(
+            entries_become(dir.path(), 0).await,
+            0,
+            "the partial file stayed (the sender is still open)"
+        );
+        drop(tx);
     }
 
     #[tokio::test]

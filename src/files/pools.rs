@@ -18,12 +18,12 @@
 //! otherwise idle runtime is capped: its threads go from one queued
 //! operation to the next without sleeping while there are any.
 //!
-//! Only operations with a bounded amount of work come there. Streams (a
-//! slow reader or writer would hold a thread; what of a streamed read the
-//! page cache lacks), listings, searches, watches' start, copies, moves
-//! and deletes run on the main runtime's blocking pool
-//! ([`BLOCKING_THREADS`] threads), through a [`Pool`] without threads of
-//! its own.
+//! Only operations with a bounded amount of work come there. Streams'
+//! reads and writes of the file (a stream waits for its client between
+//! them on the runtime, holding no thread), listings, searches, watches'
+//! start, copies, moves and deletes run on the main runtime's blocking
+//! pool ([`BLOCKING_THREADS`] threads), through a [`Pool`] without threads
+//! of its own.
 //!
 //! A file system that hangs (a dead network mount, a FUSE server that
 //! stopped answering) holds every thread that touches it. So one root's
