@@ -981,12 +981,17 @@ async fn streamed_write(
         upload: Some(opened),
     };
     loop {
-        let batch = gather(&mut input).await?;
+        // `None`: cancelled or the session ended; the parked upload is
+        // dropped (its partial file removed) off the runtime.
+        let chunk = input
+            .recv()
+            .await
+            .ok_or_else(|| error_body(FileError::Cancelled))?;
         let Some(upload) = parked.upload.take() else {
             return Err(error_body(FileError::Io("the upload was lost".into())));
         };
         match files
-            .blocking(&[&host], move || upload.write(batch, input))
+            .blocking(&[&host], move || upload.write(chunk, input))
             .await?
         {
             Written::More(upload, rest) => {
@@ -996,32 +1001,6 @@ async fn streamed_write(
             Written::Done(result) => return Ok(result),
         }
     }
-}
-
-/// Chunks an upload gathers on the runtime before a thread writes them:
-/// with a client slower than the disk, one hand-off to the pool per eight
-/// chunks (512 KiB) rather than per chunk. Half the session's input queue,
-/// so an upload never holds more than 1.5 queues' worth in memory.
-const WRITE_BATCH: usize = 8;
-
-/// Waits, on the runtime, for [`WRITE_BATCH`] chunks or the empty chunk
-/// that ends the upload. `Cancelled` when the input ends first (the request
-/// was cancelled or its session ended): the parked upload is then dropped,
-/// its partial file removed, off the runtime.
-async fn gather(input: &mut mpsc::Receiver<Bytes>) -> Result<Vec<Bytes>, ErrorBody> {
-    let mut batch = Vec::with_capacity(WRITE_BATCH);
-    while batch.len() < WRITE_BATCH {
-        let chunk = input
-            .recv()
-            .await
-            .ok_or_else(|| error_body(FileError::Cancelled))?;
-        let last = chunk.is_empty();
-        batch.push(chunk);
-        if last {
-            break;
-        }
-    }
-    Ok(batch)
 }
 
 /// A streamed upload's file and what it must come to.
@@ -1039,27 +1018,17 @@ enum Written {
 }
 
 impl Incoming {
-    /// Writes `batch` and every chunk already queued behind it, so a client
+    /// Writes `chunk` and every chunk already queued behind it, so a client
     /// that sends faster than the disk takes keeps its thread; the empty
     /// chunk that ends an upload finishes it. An error drops the sink here,
     /// on the blocking thread, which removes the partial file.
     fn write(
         mut self,
-        batch: Vec<Bytes>,
+        first: Bytes,
         mut input: mpsc::Receiver<Bytes>,
     ) -> Result<Written, FileError> {
-        let mut gathered = batch.into_iter();
+        let mut chunk = first;
         loop {
-            let chunk = match gathered.next() {
-                Some(chunk) => chunk,
-                None => match input.try_recv() {
-                    Ok(next) => next,
-                    Err(mpsc::error::TryRecvError::Empty) => return Ok(Written::More(self, input)),
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        return Err(FileError::Cancelled);
-                    }
-                },
-            };
             if chunk.is_empty() {
                 return self.finish().map(Written::Done);
             }
@@ -1070,6 +1039,11 @@ impl Incoming {
                 return Err(too_long(&self.vpath, self.size));
             }
             self.sink.put(chunk)?;
+            chunk = match input.try_recv() {
+                Ok(next) => next,
+                Err(mpsc::error::TryRecvError::Empty) => return Ok(Written::More(self, input)),
+                Err(mpsc::error::TryRecvError::Disconnected) => return Err(FileError::Cancelled),
+            };
         }
     }
 
@@ -1389,23 +1363,21 @@ pub(crate) mod tests {
     }
 
     /// An upload's chunks land whole and in order whether they arrive one
-    /// at a time or many together, across the batches the runtime gathers;
-    /// more than `size` said ends it inside a batch and leaves no file.
+    /// at a time or many together, across the hand-offs between the runtime
+    /// and the pool; more than `size` said ends it and leaves no file.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn chunks_across_batches_land_in_order() {
+    async fn chunks_across_hand_offs_land_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let files = Files::new();
         let usage = Arc::new(Usage::default());
-        let chunks: Vec<Vec<u8>> = (0..3 * WRITE_BATCH + 3)
-            .map(|i| vec![i as u8; 1 + i * 997])
-            .collect();
+        let chunks: Vec<Vec<u8>> = (0..27).map(|i| vec![i as u8; 1 + i * 997]).collect();
         let expected: Vec<u8> = chunks.concat();
         for (name, size, spaced) in [
             ("spaced.bin", expected.len(), true),
             ("together.bin", expected.len(), false),
             ("too-long.bin", expected.len() - 1, true),
         ] {
-            let (tx, rx) = mpsc::channel(WRITE_BATCH * 2);
+            let (tx, rx) = mpsc::channel(16);
             let p: WriteParams =
                 serde_json::from_value(json!({"stream": true, "size": size})).unwrap();
             let file = FileTerms {
