@@ -1220,6 +1220,14 @@ pub async fn python(
     let mut figures: [Spread; 8] = Default::default();
     for round in 0..args.rounds {
         eprintln!("Python client beside the Rust client, round {}", round + 1);
+        // As python/bench.py does (its `--warm-up`): a few execs first,
+        // not counted, so both sides measure a warm session.
+        for _ in 0..PYTHON_WARM_UP {
+            client
+                .request("shell.exec", exec.clone())
+                .await
+                .map_err(|e| format!("shell.exec: {e}"))?;
+        }
         let mut latencies = Latencies::default();
         for _ in 0..args.samples {
             let started = Instant::now();
@@ -1365,6 +1373,10 @@ fn figure(figures: &serde_json::Value, key: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("python/bench.py gave no {key}: {figures}"))
 }
 
+/// Execs each side of the Python comparison runs first, not counted
+/// (passed to python/bench.py as `--warm-up`).
+const PYTHON_WARM_UP: usize = 3;
+
 /// One run of `python/bench.py --what WHAT` against `gateway`: its JSON
 /// figures.
 fn python_figures(
@@ -1381,6 +1393,7 @@ fn python_figures(
         .arg("--identity")
         .arg(&gateway.identity_file)
         .args(["--samples", &args.samples.to_string()])
+        .args(["--warm-up", &PYTHON_WARM_UP.to_string()])
         .args(["--remote", "work:py-source.bin", "--what", what])
         .arg("--local-dir")
         .arg(local)
