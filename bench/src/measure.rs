@@ -173,26 +173,43 @@ pub fn processes_with(needles: &[&str]) -> Vec<u32> {
         .collect()
 }
 
-/// Bytes per second through one loopback TCP connection: `bytes` written
-/// in 256 KiB writes by one thread, read by another.
-pub fn loopback_tcp(bytes: u64) -> Result<f64, String> {
+/// A copy's rate and what it cost the threads that made it.
+pub struct Copied {
+    /// Bytes per second.
+    pub rate: f64,
+    /// CPU seconds, user and system, of every thread of the copy.
+    pub cpu: f64,
+}
+
+/// The CPU seconds this thread has used, user and system.
+fn thread_cpu_seconds() -> f64 {
+    use rustix::time::{ClockId, clock_gettime};
+    let t = clock_gettime(ClockId::ThreadCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+/// One loopback TCP connection: `bytes` written in 256 KiB writes by one
+/// thread, read by another.
+pub fn loopback_tcp(bytes: u64) -> Result<Copied, String> {
     use std::io::{Read as _, Write as _};
     let fail = |e: std::io::Error| format!("loopback TCP: {e}");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(fail)?;
     let addr = listener.local_addr().map_err(fail)?;
-    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+    let writer = std::thread::spawn(move || -> std::io::Result<f64> {
         let mut socket = std::net::TcpStream::connect(addr)?;
         let block = vec![7u8; 256 << 10];
+        let cpu = thread_cpu_seconds();
         let mut left = bytes;
         while left > 0 {
             let n = left.min(block.len() as u64) as usize;
             socket.write_all(&block[..n])?;
             left -= n as u64;
         }
-        Ok(())
+        Ok(thread_cpu_seconds() - cpu)
     });
     let (mut socket, _) = listener.accept().map_err(fail)?;
     let started = std::time::Instant::now();
+    let cpu = thread_cpu_seconds();
     let mut block = vec![0u8; 256 << 10];
     let mut read = 0u64;
     loop {
@@ -201,15 +218,97 @@ pub fn loopback_tcp(bytes: u64) -> Result<f64, String> {
             n => read += n as u64,
         }
     }
-    let took = started.elapsed();
-    writer
+    let (took, reader_cpu) = (started.elapsed(), thread_cpu_seconds() - cpu);
+    let writer_cpu = writer
         .join()
         .map_err(|_| "loopback TCP: the writer panicked".to_string())?
         .map_err(fail)?;
     match read == bytes {
-        true => Ok(bytes as f64 / took.as_secs_f64()),
+        true => Ok(Copied {
+            rate: bytes as f64 / took.as_secs_f64(),
+            cpu: reader_cpu + writer_cpu,
+        }),
         false => Err(format!("loopback TCP: {read} of {bytes} bytes arrived")),
     }
+}
+
+/// The CPU seconds one thread spends sealing `bytes` with AES-256-GCM in
+/// full-size Noise records (the transport both ends of a session use) and
+/// opening them again: what a transfer's encryption costs its two ends
+/// together.
+pub fn aead_cpu(bytes: u64) -> Result<f64, String> {
+    use portcullis_crypto::{Handshake, MAX_PLAINTEXT_LEN, PROLOGUE, StaticKeypair};
+    let fail = |e: portcullis_crypto::Error| format!("AES-256-GCM: {e}");
+    let (client_key, gateway_key) = (
+        StaticKeypair::generate().map_err(fail)?,
+        StaticKeypair::generate().map_err(fail)?,
+    );
+    let mut client = Handshake::initiator(&client_key, PROLOGUE);
+    let mut gateway = Handshake::responder(&gateway_key, PROLOGUE);
+    let m1 = client.write_message(b"").map_err(fail)?;
+    gateway.read_message(&m1).map_err(fail)?;
+    let m2 = gateway.write_message(b"").map_err(fail)?;
+    client.read_message(&m2).map_err(fail)?;
+    let m3 = client.write_message(b"").map_err(fail)?;
+    gateway.read_message(&m3).map_err(fail)?;
+    let (mut sender, _) = gateway.into_transport().map_err(fail)?.split();
+    let (_, mut receiver) = client.into_transport().map_err(fail)?.split();
+    let mut record = vec![7u8; MAX_PLAINTEXT_LEN];
+    let cpu = thread_cpu_seconds();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(MAX_PLAINTEXT_LEN as u64) as usize;
+        // Opening takes the tag off again: the record is the same length
+        // for the next round, and nothing is written into it but the AEAD.
+        record.truncate(n);
+        sender.seal_in_place(&mut record).map_err(fail)?;
+        receiver.open_in_place(&mut record).map_err(fail)?;
+        left -= n as u64;
+    }
+    Ok(thread_cpu_seconds() - cpu)
+}
+
+/// Reads `file` (in the page cache) to its end in 256 KiB reads: the
+/// reading thread's CPU seconds and how many bytes it read.
+pub fn page_cache_read_cpu(file: &std::path::Path) -> Result<(f64, u64), String> {
+    use std::io::Read as _;
+    let fail = |e: std::io::Error| format!("reading {}: {e}", file.display());
+    let mut source = std::fs::File::open(file).map_err(fail)?;
+    let mut block = vec![0u8; 256 << 10];
+    let cpu = thread_cpu_seconds();
+    let mut read = 0u64;
+    loop {
+        match source.read(&mut block).map_err(fail)? {
+            0 => break,
+            n => read += n as u64,
+        }
+    }
+    Ok((thread_cpu_seconds() - cpu, read))
+}
+
+/// Writes `bytes` to the new file `file` in 256 KiB writes, not synced,
+/// and removes it: the writing thread's CPU seconds (the kernel's later
+/// writeback is not this thread's, as it is not a client's).
+pub fn page_cache_write_cpu(file: &std::path::Path, bytes: u64) -> Result<f64, String> {
+    use std::io::Write as _;
+    let fail = |e: std::io::Error| format!("writing {}: {e}", file.display());
+    let mut output = std::fs::File::create_new(file).map_err(fail)?;
+    let block = vec![7u8; 256 << 10];
+    let cpu = thread_cpu_seconds();
+    let written = (|| {
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(block.len() as u64) as usize;
+            output.write_all(&block[..n])?;
+            left -= n as u64;
+        }
+        Ok::<_, std::io::Error>(())
+    })();
+    let used = thread_cpu_seconds() - cpu;
+    drop(output);
+    let removed = std::fs::remove_file(file);
+    written.and(removed).map_err(fail)?;
+    Ok(used)
 }
 
 /// The machine's busy CPU time so far, in seconds: every CPU's time in
@@ -282,7 +381,6 @@ pub fn durable_append_cpu_us(
     bytes: usize,
     samples: usize,
 ) -> Result<f64, String> {
-    use rustix::time::{ClockId, clock_gettime};
     use std::io::Write as _;
     let path = dir.join("bench-durable-append");
     let fail = |e: std::io::Error| format!("durable append in {}: {e}", dir.display());
@@ -292,10 +390,7 @@ pub fn durable_append_cpu_us(
         .open(&path)
         .map_err(fail)?;
     let entry = vec![b'x'; bytes];
-    let thread_cpu = || {
-        let t = clock_gettime(ClockId::ThreadCPUTime);
-        t.tv_sec as f64 * 1e6 + t.tv_nsec as f64 / 1e3
-    };
+    let thread_cpu = || thread_cpu_seconds() * 1e6;
     let mut started = thread_cpu();
     let appended = (0..samples + 100).try_for_each(|i| {
         if i == 100 {
@@ -435,5 +530,29 @@ mod tests {
     fn the_floors_measure_as_many_round_trips_as_asked() {
         assert_eq!(loopback_round_trips(50).unwrap().len(), 50);
         assert_eq!(thread_hand_offs(50).unwrap().len(), 50);
+    }
+
+    /// Each part of a download's floor moves the bytes asked for and
+    /// reports the CPU that took, and the write leaves no file behind.
+    #[test]
+    fn the_download_floor_s_parts_move_their_bytes() {
+        let bytes = 8 << 20;
+        let copied = loopback_tcp(bytes).unwrap();
+        assert!(copied.rate > 0.0 && copied.cpu > 0.0);
+        assert!(aead_cpu(bytes).unwrap() > 0.0);
+        let dir = std::env::temp_dir().join(format!("bench-floor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("written.bin");
+        assert!(page_cache_write_cpu(&file, bytes).unwrap() > 0.0);
+        assert!(!file.exists());
+        std::fs::write(&file, vec![1u8; 3 << 20]).unwrap();
+        let (cpu, read) = page_cache_read_cpu(&file).unwrap();
+        assert!(cpu >= 0.0);
+        assert_eq!(read, 3 << 20);
+        assert!(
+            page_cache_write_cpu(&file, 1).is_err(),
+            "the file exists: not overwritten"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

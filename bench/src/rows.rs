@@ -909,6 +909,7 @@ pub async fn bulk(
     // process's reaped children) for each transfer.
     let mut cpu: Vec<[Spread; 2]> = vec![Default::default(); transfers.len()];
     let mut loopback = Spread::default();
+    let mut floor = DownloadFloor::default();
     let gib = bytes as f64 / (1u64 << 30) as f64;
     let this = std::process::id();
     // Round 0 is a warm-up and not counted: it brings the source into the
@@ -942,7 +943,26 @@ pub async fn bulk(
         }
         if round > 0 {
             let measured = tokio::task::spawn_blocking(move || measure::loopback_tcp(bytes));
-            loopback.push(measured.await.map_err(|e| e.to_string())?? / 1e6);
+            let copied = measured.await.map_err(|e| e.to_string())??;
+            loopback.push(copied.rate / 1e6);
+            // The file is written as the transfers' outputs are: after the
+            // free memory is touched.
+            timed(Command::new("sync")).await?;
+            touch_free_memory(&local.join("warm.bin"), bytes + bytes / 8)?;
+            let (source, scratch) = (source.clone(), local.join("floor.bin"));
+            let measured = tokio::task::spawn_blocking(move || {
+                let write = measure::page_cache_write_cpu(&scratch, bytes)?;
+                let (read, read_bytes) = measure::page_cache_read_cpu(&source)?;
+                if read_bytes != bytes {
+                    return Err(format!("read {read_bytes} of the source's {bytes} bytes"));
+                }
+                Ok::<_, String>((measure::aead_cpu(bytes)?, read, write))
+            });
+            let (aead, read, write) = measured.await.map_err(|e| e.to_string())??;
+            floor.tcp.push(copied.cpu / gib);
+            floor.aead.push(aead / gib);
+            floor.read.push(read / gib);
+            floor.write.push(write / gib);
         }
     }
     for (_, copy, _) in &transfers[..6] {
@@ -1019,6 +1039,7 @@ pub async fn bulk(
         Better::Higher,
         0,
     ));
+    floor.rows(&size, section, results);
     // Where a transfer's time goes on two cores: CPU per GiB of each side.
     for name in [
         "portcullis get",
@@ -1044,6 +1065,74 @@ pub async fn bulk(
         );
     }
     Ok(())
+}
+
+/// The least CPU a download costs on this machine, per GiB, round by
+/// round: what moving its bytes takes without any protocol. The
+/// transfer's TCP copy (both threads), its AES-256-GCM (sealed on one
+/// side, opened on the other), reading the file from the page cache and,
+/// for a download to a file, writing a new one. Their sum over the cores
+/// there are is the fastest such a download can go here however little
+/// else it does.
+#[derive(Default)]
+struct DownloadFloor {
+    tcp: Spread,
+    aead: Spread,
+    read: Spread,
+    write: Spread,
+}
+
+impl DownloadFloor {
+    fn rows(&self, size: &str, section: &'static str, results: &mut Results) {
+        if self.tcp.is_empty() {
+            return;
+        }
+        let to_null = sum_of(&sum_of(&self.tcp, &self.aead), &self.read);
+        let to_file = sum_of(&to_null, &self.write);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let most = |cpu: &Spread| {
+            let mut rate = Spread::default();
+            for seconds_per_gib in cpu.values() {
+                rate.push(cores as f64 * (1u64 << 30) as f64 / seconds_per_gib / 1e6);
+            }
+            rate
+        };
+        results.rows.push(
+            Row::alone(
+                section,
+                format!(
+                    "{size} download's least CPU: a loopback TCP copy, AES-256-GCM sealed and \
+                     opened, the file read from the page cache and written to a new one, \
+                     seconds per GiB"
+                ),
+                "s",
+                to_file.clone(),
+                Better::Lower,
+                2,
+            )
+            .noted(format!(
+                "TCP copy {}, AES-256-GCM {}, page-cache read {}, write {}; without the write \
+                 (to /dev/null) {}",
+                self.tcp.show(2),
+                self.aead.show(2),
+                self.read.show(2),
+                self.write.show(2),
+                to_null.show(2)
+            )),
+        );
+        for (what, cpu) in [("to a file", &to_file), ("to /dev/null", &to_null)] {
+            results.rows.push(Row::alone(
+                section,
+                format!(
+                    "{size} physical limit: a download {what} at that least CPU on {cores} cores"
+                ),
+                "MB/s",
+                most(cpu),
+                Better::Higher,
+                0,
+            ));
+        }
+    }
 }
 
 /// Round by round, `a + b`.
