@@ -241,6 +241,11 @@ pub struct AuditCommits {
 }
 
 impl AuditCommits {
+    /// How many group commits there were between `self` and `later`.
+    pub fn count_until(self, later: Self) -> f64 {
+        later.commits - self.commits
+    }
+
     /// Between `self` and `later`: the mean time of a commit in ms, and the
     /// entries per commit.
     pub fn until(self, later: Self) -> (f64, f64) {

@@ -217,6 +217,8 @@ pub async fn exec(
     let mut figures: [[Spread; 3]; 4] = Default::default();
     // p50 and p99 of ours and ssh, spaced.
     let mut spaced: [[Spread; 2]; 2] = Default::default();
+    // The least a spaced exec waits for (see its row), and what it is made of.
+    let (mut least_ms, mut commits_per_exec, mut commit_ms) = <(Spread, Spread, Spread)>::default();
     let shell_exec_true = async || {
         let started = Instant::now();
         let result = client
@@ -236,7 +238,11 @@ pub async fn exec(
         })
         .await?;
         eprintln!("exec true on an open session, spaced, round {}", round + 1);
+        let commits = gateway.audit_commits().await?;
         let ours_spaced = each_spaced(args.samples, EXEC_SPACING, shell_exec_true).await?;
+        let after = gateway.audit_commits().await?;
+        let (commit, _) = commits.until(after);
+        let per_exec = commits.count_until(after) / args.samples.max(1) as f64;
         let ssh_spaced = each_spaced(args.samples, EXEC_SPACING, async || {
             timed(ssh_true(sshd.ssh_muxed()?)).await
         })
@@ -245,11 +251,16 @@ pub async fn exec(
             spaced[i][0].push(latencies.quantile_ms(0.5));
             spaced[i][1].push(latencies.quantile_ms(0.99));
         }
-        let spawned = each_timed(args.samples, async || {
+        let mut spawned = each_timed(args.samples, async || {
             timed(Command::new("/bin/true")).await
         })
         .await?;
         let sandboxed = each_timed(args.samples, async || timed(launcher()).await).await?;
+        let round_trip = measure::loopback_round_trips(args.samples)?.quantile_ms(0.5);
+        let hand_off = measure::thread_hand_offs(args.samples)?.quantile_ms(0.5);
+        least_ms.push(spawned.0.quantile_ms(0.5) + per_exec * (commit + hand_off) + round_trip);
+        commits_per_exec.push(per_exec);
+        commit_ms.push(commit);
         let mut measured = [shell_exec, ssh, spawned, sandboxed];
         for (i, (latencies, cpu)) in measured.iter_mut().enumerate() {
             figures[i][0].push(latencies.quantile_ms(0.5));
@@ -296,6 +307,7 @@ pub async fn exec(
             alone,
         ),
     ];
+    let spawn_floor = limits[0].1[0].median();
     for (what, [p50, p99, cpu]) in limits {
         results.rows.push(
             Row::alone(
@@ -313,6 +325,26 @@ pub async fn exec(
             )),
         );
     }
+    // What an audited exec cannot do without however fast the rest is:
+    // its start entry is durable before the program runs and its outcome
+    // before the answer (issue 13), each a group commit the request waits
+    // for, beside the program's own spawn and the client's round trip.
+    let times_floor = least_ms.median() / spawn_floor.max(f64::MIN_POSITIVE);
+    results.rows.push(
+        Row::alone(
+            "Commands",
+            "floor under a spaced audited exec: the local spawn floor's p50, the exec's group commits (its start entry durable before the program runs, its outcome before the answer) each with a thread's hand-off and back, and a 64-byte loopback round trip".to_owned(),
+            "ms",
+            least_ms,
+            Better::Lower,
+            2,
+        )
+        .noted(format!(
+            "{times_floor:.2}× the local spawn floor; {} group commits per exec in the spaced phase, {} ms mean",
+            commits_per_exec.show(2),
+            commit_ms.show(3)
+        )),
+    );
     exec_result(args, gateway, sshd, results).await
 }
 
