@@ -198,7 +198,7 @@ inside systemd-analyze verify --man=no portcullis.service portcullis.socket >"$W
   || { cat "$WORK/verify.log"; die "systemd-analyze verify failed"; }
 [ -f "$ROOT/usr/share/man/man1/portcullis.1.gz" ] || die "man page portcullis(1) is not installed"
 say "systemd-analyze verify (installed units) and the man page: ok"
-inside systemctl show portcullis.service -p StatusText | grep -q "serving on 127.0.0.1:$PORT" \
+grep -q "serving on 127.0.0.1:$PORT" <<<"$(inside systemctl show portcullis.service -p StatusText)" \
   || die "no STATUS= line naming the inherited socket: $(inside systemctl show portcullis.service -p StatusText)"
 
 URL=ws://127.0.0.1:$PORT
@@ -209,11 +209,11 @@ say "file read: ok"
 # The unit refuses openat2 (RestrictSUIDSGID=), so the gateway resolves
 # paths one component at a time (confine/src/walk.rs): still beneath the
 # root, symlinks only where the root follows them and only inside it.
-inside journalctl -u portcullis --no-pager | grep -q "files: openat2 is refused here" \
+grep -q "files: openat2 is refused here" <<<"$(inside journalctl -u portcullis --no-pager)" \
   || die "the journal does not say paths are walked (is openat2 allowed under the unit?)"
 for path in workspace:abs workspace:in linked:up linked:abs linked:sub/out; do
   out=$("$CLI" cat "$URL" "${C[@]}" "$path" 2>&1) && die "cat $path should be refused, gave: $out"
-  echo "$out" | grep -q "leaves its root or goes through a symlink" || die "cat $path: $out"
+  grep -q "leaves its root or goes through a symlink" <<<"$out" || die "cat $path: $out"
 done
 out=$("$CLI" cat "$URL" "${C[@]}" linked:in) || die "cat linked:in failed: $out"
 [ "$out" = "linked inside" ] || die "cat linked:in gave '$out'"
@@ -231,7 +231,7 @@ say "command (as user '$out'): ok"
 out=$(timeout 90 "$CLI" exec "listen://127.0.0.1:$RELAY_PORT" "${C[@]}" --relay-token-file "$WORK/relay.token" -- id -un) \
   || die "exec over the connection the gateway dialed failed: $out"
 [ "$out" = portcullis ] || die "exec over the dialed connection gave '$out'"
-inside portcullis status | grep -q "relay ws://127.0.0.1:$RELAY_PORT/api/v1/relay/connect" \
+grep -q "relay ws://127.0.0.1:$RELAY_PORT/api/v1/relay/connect" <<<"$(inside portcullis status)" \
   || die "portcullis status does not show the relay endpoint: $(inside portcullis status)"
 say "dial-out (token from a credential; the CLI as the runtime): ok"
 
@@ -242,7 +242,7 @@ out=$("$CLI" exec "$URL" "${C[@]}" -- sh -c \
   || die "the isolation probe failed: $out"
 [ "$out" = end ] || die "a command reached the daemon's socket, config, credentials or environment: $out"
 out=$("$CLI" exec "$URL" "${C[@]}" -- sh -c 'for i in 1 2 3 4 5 6; do sleep 2 & done; wait; echo done' 2>&1) || true
-echo "$out" | grep -qi "resource temporarily unavailable\|cannot fork" \
+grep -qi "resource temporarily unavailable\|cannot fork" <<<"$out" \
   || die "six processes under max_processes = 3: $out"
 "$CLI" exec "$URL" "${C[@]}" -- sh -c 'setsid sleep 301 >/dev/null 2>&1 & echo started' >/dev/null \
   || die "the survivor probe failed"
@@ -253,20 +253,20 @@ inside pgrep -f "sleep 301" >/dev/null && die "a setsid process outlived its com
 out=$("$CLI" exec "$URL" "${C[@]}" -- sh -c \
   'dd if=/dev/zero of=/tmp/fill bs=1M count=16 2>&1 | grep -o "No space left on device"; df -k /dev/shm | tail -1') \
   || die "the /tmp probe failed: $out"
-echo "$out" | head -1 | grep -q "No space left on device" || die "16 MiB fit in /tmp under max_tmp = 8 MiB: $out"
+head -1 <<<"$out" | grep -q "No space left on device" || die "16 MiB fit in /tmp under max_tmp = 8 MiB: $out"
 echo "$out" | tail -1 | awk '{exit !($2 == 8192)}' || die "/dev/shm is not 8 MiB: $out"
 say "a command sees no admin socket, config, credentials or other environments; max_processes counts all its processes; nothing outlives it; /tmp and /dev/shm are bounded by max_tmp: ok"
 # RestrictSUIDSGID=: no set-uid file for other local users to run as the
 # service's user.
 out=$("$CLI" exec "$URL" "${C[@]}" -- sh -c \
   'cd /srv/portcullis/workspace && echo x >suid && chmod 4755 suid; stat -c %a suid' 2>&1) || true
-echo "$out" | grep -q "Operation not permitted" || die "chmod 4755 in a root: $out"
-echo "$out" | grep -qx 600 || die "a command made a set-uid file: $out"
+grep -q "Operation not permitted" <<<"$out" || die "chmod 4755 in a root: $out"
+grep -qx 600 <<<"$out" || die "a command made a set-uid file: $out"
 say "a command cannot make a set-uid file (RestrictSUIDSGID=): ok"
 # Under the unit the daemon has no cgroups (ProtectControlGroups) and no
 # setpriority (~@resources): launchers wait at the daemon's priority, the
 # journal says why, and a command runs at nice 0 and cannot change it.
-inside journalctl -u portcullis --no-pager | grep -q "launchers are started at the daemon's CPU priority" \
+grep -q "launchers are started at the daemon's CPU priority" <<<"$(inside journalctl -u portcullis --no-pager)" \
   || die "the daemon did not say launchers wait at its priority"
 for _ in $(seq 1 50); do
   waiting=$(inside ps -e -o ni=,comm= | awk '$2 ~ /^portcullis-sand/ {print $1}' | sort -un | tr '\n' ' ')
@@ -278,7 +278,7 @@ out=$("$CLI" exec "$URL" "${C[@]}" -- nice) || die "exec nice failed"
 [ "$out" = 0 ] || die "a command from the pool runs at nice '$out', not 0"
 # GNU nice warns and runs the program anyway when setpriority is refused.
 out=$("$CLI" exec "$URL" "${C[@]}" -- nice -n 5 nice 2>&1) || true
-echo "$out" | grep -q "cannot set niceness: Operation not permitted" \
+grep -q "cannot set niceness: Operation not permitted" <<<"$out" \
   || die "nice -n 5 under the unit: $out"
 say "launchers wait at nice $waiting(no setpriority under the unit), a command runs at nice 0 and cannot renice: ok"
 # Egress through the daemon's proxy, under the unit: a listed name is
@@ -286,18 +286,18 @@ say "launchers wait at nice $waiting(no setpriority under the unit), a command r
 # refused, and nothing goes straight out.
 fetch='exec 3<>/dev/tcp/127.0.0.1/3128; printf "GET http://%s/hello.txt HTTP/1.0\r\n\r\n" "$1" >&3; cat <&3'
 out=$("$CLI" exec "$URL" "${C[@]}" -- bash -c "$fetch" fetch "web.test:$WEB_PORT") || die "the egress fetch failed: $out"
-echo "$out" | grep -q "hello from outside" || die "the allowed fetch gave: $out"
+grep -q "hello from outside" <<<"$out" || die "the allowed fetch gave: $out"
 out=$("$CLI" exec "$URL" "${C[@]}" -- bash -c "$fetch" fetch "other.test:$WEB_PORT") || die "the refused fetch failed: $out"
-echo "$out" | grep -q "403" || die "an unlisted name was not refused: $out"
+grep -q "403" <<<"$out" || die "an unlisted name was not refused: $out"
 out=$("$CLI" exec "$URL" "${C[@]}" -- bash -c "exec 3<>/dev/tcp/127.0.0.2/$WEB_PORT && echo CONNECTED || echo refused" 2>&1) || true
-echo "$out" | grep -q CONNECTED && die "a command reached the outside server without the proxy"
+grep -q CONNECTED <<<"$out" && die "a command reached the outside server without the proxy"
 egress=$(inside portcullis audit list --json --limit 100 --method 'egress.*') || die "audit list (egress) failed"
-echo "$egress" | grep -q '"kind":"egress_start"' || die "no egress_start entry: $egress"
-echo "$egress" | grep -q '"decision":"blocked"' || die "no refused egress entry: $egress"
+grep -q '"kind":"egress_start"' <<<"$egress" || die "no egress_start entry: $egress"
+grep -q '"decision":"blocked"' <<<"$egress" || die "no refused egress entry: $egress"
 say "egress through the proxy (listed name fetched, unlisted refused, no way around it, audited): ok"
 out=$("$CLI" tool call "$URL" "${C[@]}" greet '{"name": "operator"}') || die "tool call failed"
-echo "$out" | grep -q '\[REDACTED:greeting\], operator' || die "tool call gave '$out' (the credential should be loaded and redacted)"
-echo "$out" | grep -q psst && die "the secret leaked: $out"
+grep -q '\[REDACTED:greeting\], operator' <<<"$out" || die "tool call gave '$out' (the credential should be loaded and redacted)"
+grep -q psst <<<"$out" && die "the secret leaked: $out"
 say "tool call with a credential: ok ($out)"
 
 # A session in flight, then a reload that takes its grant away.
@@ -315,19 +315,19 @@ say "reload revoked the session: $(tr '\n' ' ' <"$WORK/long.out")"
 
 audit=$(inside portcullis audit list --json --limit 100) || die "audit list failed"
 for needle in '"method":"file.read"' '"command":"id"' '"tool":"greet"' 'session_revoked'; do
-  echo "$audit" | grep -q "$needle" || die "audit list --json has no $needle"
+  grep -q "$needle" <<<"$audit" || die "audit list --json has no $needle"
 done
-echo "$audit" | grep -q psst && die "the secret is in the audit log"
+grep -q psst <<<"$audit" && die "the secret is in the audit log"
 inside portcullis audit verify >/dev/null || die "audit verify failed"
 say "audit list and verify (inside): ok"
 metrics=$(inside portcullis metrics) || die "portcullis metrics failed"
-echo "$metrics" | grep -q '^portcullis_requests_total{method="file.read",decision="allowed"} 8$' \
+grep -q '^portcullis_requests_total{method="file.read",decision="allowed"} 8$' <<<"$metrics" \
   || die "metrics do not count the 8 file reads: $metrics"
 say "metrics (inside): ok"
 
 journal=$(inside journalctl -u portcullis -o json --no-pager)
-echo "$journal" | grep -q '"SYSLOG_IDENTIFIER":"portcullis"' || die "no portcullis entries in the journal"
-echo "$journal" | grep -q '"PRINCIPAL":"agent"' || die "the journal has no structured fields (PRINCIPAL)"
+grep -q '"SYSLOG_IDENTIFIER":"portcullis"' <<<"$journal" || die "no portcullis entries in the journal"
+grep -q '"PRINCIPAL":"agent"' <<<"$journal" || die "the journal has no structured fields (PRINCIPAL)"
 say "journal has structured entries: ok"
 
 exposure=$(systemd-analyze security --offline=true "$REPO/systemd/portcullis.service" 2>/dev/null \
