@@ -405,6 +405,41 @@ pub fn durable_append_cpu_us(
     Ok(used / samples.max(1) as f64)
 }
 
+/// The calling thread's CPU, in µs, for the system calls a `file.stat`
+/// makes in the gateway, as `files::ops::stat_cached` makes them: the
+/// root's directory opened, `name` opened `O_PATH` beneath it, `statx`,
+/// both closed (through `portcullis-confine`, the gateway's own code).
+pub fn confined_stat_cpu_us(
+    root: &std::path::Path,
+    name: &str,
+    samples: usize,
+) -> Result<f64, String> {
+    use portcullis_confine::{Root, RootSpec};
+    use rustix::fs::{AtFlags, OFlags, StatxFlags, statx};
+    let spec = RootSpec {
+        id: "bench",
+        host_root: root,
+        virtual_root: "bench:",
+        follow_symlinks: false,
+    };
+    let flags = AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC;
+    let needed = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::SIZE | StatxFlags::MTIME;
+    let stat = || -> Option<()> {
+        let root = Root::open_cached(&spec)?;
+        let fd = root.open_cached_at(name, OFlags::PATH | OFlags::NOFOLLOW)?;
+        statx(&fd, "", flags, needed).ok().map(drop)
+    };
+    let thread_cpu = || thread_cpu_seconds() * 1e6;
+    let mut started = thread_cpu();
+    for i in 0..samples + 100 {
+        if i == 100 {
+            started = thread_cpu();
+        }
+        stat().ok_or_else(|| format!("cannot stat {name} beneath {}", root.display()))?;
+    }
+    Ok((thread_cpu() - started) / samples.max(1) as f64)
+}
+
 /// A thread that writes back to `to` what it reads from `from`, until
 /// the end of its input.
 fn echo_thread(

@@ -528,9 +528,9 @@ pub async fn requests(
     small: Small,
     results: &mut Results,
 ) -> Result<(), String> {
-    std::fs::write(gateway.root.join("small.txt"), "hello\n").map_err(|e| e.to_string())?;
+    std::fs::write(gateway.root.join(STAT_FILE), "hello\n").map_err(|e| e.to_string())?;
     let path = match small {
-        Small::Stat => gateway.root.join("small.txt"),
+        Small::Stat => gateway.root.join(STAT_FILE),
         Small::Write => gateway.root.join("written-"),
     };
     let path = path.display().to_string();
@@ -551,6 +551,8 @@ pub async fn requests(
             <(Spread, Spread, Spread)>::default();
         // And the least CPU its commit costs (see the rows' text).
         let mut append_cpu_us = Spread::default();
+        // The least CPU a stat's own system calls cost (at 256 in flight).
+        let mut stat_calls_cpu_us = Spread::default();
         let own = || measure::cpu_seconds(std::process::id(), true);
         let per_request =
             |seconds: f64, latencies: &Latencies| seconds * 1e6 / latencies.len().max(1) as f64;
@@ -586,6 +588,15 @@ pub async fn requests(
                 &latencies,
             ));
             client_cpu.0.push(per_request(own() - client, &latencies));
+            if level == 256 && matches!(small, Small::Stat) {
+                let (root, samples) = (gateway.root.clone(), args.samples.max(20_000));
+                let cpu = tokio::task::spawn_blocking(move || {
+                    measure::confined_stat_cpu_us(&root, STAT_FILE, samples)
+                })
+                .await
+                .map_err(|e| e.to_string())??;
+                stat_calls_cpu_us.push(cpu);
+            }
             c.ours_rate.push(rate);
             c.ours_p50.push(latencies.quantile_ms(0.5));
             c.ours_p99.push(latencies.quantile_ms(0.99));
@@ -703,6 +714,18 @@ pub async fn requests(
                 1,
             ));
         }
+        if level == 256 && matches!(small, Small::Stat) {
+            results.rows.push(Row::alone(
+                section,
+                what(
+                    "CPU floor under a stat's answer: its system calls alone, as the gateway makes them (the root opened, the file opened O_PATH beneath it with openat2, statx, both closed), the calling thread's CPU",
+                ),
+                "µs",
+                stat_calls_cpu_us,
+                Better::Lower,
+                1,
+            ));
+        }
         // The chart is of small requests (stat) only.
         if matches!(small, Small::Stat) {
             results.concurrency.push(c);
@@ -710,6 +733,9 @@ pub async fn requests(
     }
     Ok(())
 }
+
+/// The file the stat rows ask about, in the gateway's root.
+const STAT_FILE: &str = "small.txt";
 
 /// About one journal frame of an audited `file.stat` (its entry's JSON):
 /// the size of the append the CPU floor at 1 in flight measures.
@@ -741,7 +767,7 @@ async fn portcullis_requests(
     let mut tasks = JoinSet::new();
     for i in 0..level {
         let (method, params) = match small {
-            Small::Stat => ("file.stat", json!({"root_id": "work", "path": "small.txt"})),
+            Small::Stat => ("file.stat", json!({"root_id": "work", "path": STAT_FILE})),
             Small::Write => (
                 "file.write",
                 json!({"root_id": "work", "path": format!("written-{i}"), "content": "hello\n"}),
