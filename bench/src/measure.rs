@@ -390,19 +390,26 @@ pub fn durable_append_cpu_us(
         .open(&path)
         .map_err(fail)?;
     let entry = vec![b'x'; bytes];
-    let thread_cpu = || thread_cpu_seconds() * 1e6;
-    let mut started = thread_cpu();
-    let appended = (0..samples + 100).try_for_each(|i| {
-        if i == 100 {
-            started = thread_cpu();
-        }
+    let appended = thread_cpu_us_per_call(samples, || {
         file.write_all(&entry)?;
         file.sync_data()
     });
-    let used = thread_cpu() - started;
     let removed = std::fs::remove_file(&path);
-    appended.and(removed).map_err(fail)?;
-    Ok(used / samples.max(1) as f64)
+    let used = appended.and_then(|used| removed.map(|()| used));
+    used.map_err(fail)
+}
+
+/// The calling thread's CPU, in µs, per call of `call`, over `samples`
+/// calls after 100 that warm it up; the first error ends it.
+fn thread_cpu_us_per_call<E>(
+    samples: usize,
+    mut call: impl FnMut() -> Result<(), E>,
+) -> Result<f64, E> {
+    let thread_cpu = || thread_cpu_seconds() * 1e6;
+    (0..100).try_for_each(|_| call())?;
+    let started = thread_cpu();
+    (0..samples).try_for_each(|_| call())?;
+    Ok((thread_cpu() - started) / samples.max(1) as f64)
 }
 
 /// The calling thread's CPU, in µs, for the system calls a `file.stat`
@@ -429,15 +436,9 @@ pub fn confined_stat_cpu_us(
         let fd = root.open_cached_at(name, OFlags::PATH | OFlags::NOFOLLOW)?;
         statx(&fd, "", flags, needed).ok().map(drop)
     };
-    let thread_cpu = || thread_cpu_seconds() * 1e6;
-    let mut started = thread_cpu();
-    for i in 0..samples + 100 {
-        if i == 100 {
-            started = thread_cpu();
-        }
-        stat().ok_or_else(|| format!("cannot stat {name} beneath {}", root.display()))?;
-    }
-    Ok((thread_cpu() - started) / samples.max(1) as f64)
+    thread_cpu_us_per_call(samples, || {
+        stat().ok_or_else(|| format!("cannot stat {name} beneath {}", root.display()))
+    })
 }
 
 /// A thread that writes back to `to` what it reads from `from`, until
