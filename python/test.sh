@@ -4,12 +4,18 @@
 # package into it with its test extras (maturin develop --release: the
 # native module optimised, as users get it), type-checks the package, its
 # examples and tests with mypy --strict, and runs pytest against the real
-# gateway binary (built here if missing). Exits non-zero on any failure.
+# gateway: $PORTCULLIS_BIN, or the release build made here, the one the .deb
+# ships and the bench runs (so CI builds it once for all three). Exits
+# non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")"
 venv=${PORTCULLIS_PY_VENV:-../target/python-venv}
 
-cargo build --locked -p portcullis -p portcullis-sandbox --bins
+if [ -z "${PORTCULLIS_BIN:-}" ]; then
+  cargo build --release --locked -p portcullis -p portcullis-sandbox --bins
+  PORTCULLIS_BIN=$(cd .. && pwd)/target/release/portcullis
+  export PORTCULLIS_BIN
+fi
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
