@@ -413,31 +413,26 @@ fn thread_cpu_us_per_call<E>(
 }
 
 /// The calling thread's CPU, in µs, for the system calls a `file.stat`
-/// makes in the gateway, as `files::ops::stat_cached` makes them: the
-/// root's directory opened, `name` opened `O_PATH` beneath it, `statx`,
-/// both closed (through `portcullis-confine`, the gateway's own code).
+/// makes on a runtime worker in the gateway: the root's directory opened,
+/// `name` found beneath it and `statx`ed, both closed, through the same
+/// `portcullis-confine` calls as `files::ops::stat_cached`.
 pub fn confined_stat_cpu_us(
     root: &std::path::Path,
     name: &str,
     samples: usize,
 ) -> Result<f64, String> {
-    use portcullis_confine::{Root, RootSpec};
-    use rustix::fs::{AtFlags, OFlags, StatxFlags, statx};
+    use portcullis_confine::{Root, RootSpec, STAT_ATTRIBUTES};
     let spec = RootSpec {
         id: "bench",
         host_root: root,
         virtual_root: "bench:",
         follow_symlinks: false,
     };
-    let flags = AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC;
-    let needed = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::SIZE | StatxFlags::MTIME;
-    let stat = || -> Option<()> {
-        let root = Root::open_cached(&spec)?;
-        let fd = root.open_cached_at(name, OFlags::PATH | OFlags::NOFOLLOW)?;
-        statx(&fd, "", flags, needed).ok().map(drop)
-    };
+    let stat = || Root::open_cached(&spec)?.statx_cached_at(name, STAT_ATTRIBUTES);
     thread_cpu_us_per_call(samples, || {
-        stat().ok_or_else(|| format!("cannot stat {name} beneath {}", root.display()))
+        stat()
+            .map(drop)
+            .ok_or_else(|| format!("cannot stat {name} beneath {}", root.display()))
     })
 }
 

@@ -8,14 +8,14 @@ use std::os::unix::fs::FileExt as _;
 
 use bytes::Bytes;
 use portcullis_policy::FileTerms;
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat, Statx, StatxFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat, Statx};
 use rustix::io::{Errno, ReadWriteFlags};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::direct::{DIRECT_FROM, STAGING_BUFFER, Staging};
-use portcullis_confine::{FileError, Root};
+use portcullis_confine::{FileError, Root, STAT_ATTRIBUTES};
 
 /// Deepest directory nesting `list` and recursive `delete` walk into.
 pub const MAX_DEPTH: usize = 64;
@@ -100,12 +100,8 @@ pub fn stat(root: &Root, path: &str) -> Result<Value, FileError> {
 /// Any error falls through as well, so [`stat`] words every error.
 pub fn stat_cached(terms: &FileTerms, path: &str) -> Option<Value> {
     let root = Root::open_cached(&crate::files::root_spec(terms))?;
-    let fd = root.open_cached_at(path, OFlags::PATH | OFlags::NOFOLLOW)?;
-    let flags = AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC;
-    let needed = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::SIZE | StatxFlags::MTIME;
-    let statx = rustix::fs::statx(&fd, "", flags, needed).ok()?;
-    let complete = StatxFlags::from_bits_retain(statx.stx_mask).contains(needed);
-    (complete && statx.stx_dev_major != 0).then(|| describe(&root, path, &Attributes::from(&statx)))
+    let statx = root.statx_cached_at(path, STAT_ATTRIBUTES)?;
+    (statx.stx_dev_major != 0).then(|| describe(&root, path, &Attributes::from(&statx)))
 }
 
 /// Opens a regular file for reading. A file with more than one hard link
@@ -927,7 +923,12 @@ mod tests {
     }
 
     fn on_a_block_device(path: &Path) -> bool {
-        let statx = rustix::fs::statx(rustix::fs::CWD, path, AtFlags::empty(), StatxFlags::TYPE);
+        let statx = rustix::fs::statx(
+            rustix::fs::CWD,
+            path,
+            AtFlags::empty(),
+            rustix::fs::StatxFlags::TYPE,
+        );
         statx.unwrap().stx_dev_major != 0
     }
 
