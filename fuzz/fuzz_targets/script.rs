@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use portcullis::tools::engine::run_pure;
+use portcullis_script::run_pure;
 use portcullis_policy::ScriptLimits;
 use serde_json::Value;
 

@@ -9,6 +9,8 @@
 //! cancellation are checked from `on_progress`. Nothing in an engine
 //! reaches the host except the functions the caller registers.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
