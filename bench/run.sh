@@ -6,7 +6,7 @@
 #   bash bench/run.sh --quick           # small sizes: checks the harness works (about a minute)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked -p portcullis -p portcullis-sandbox -p portcullis-bench --bins
+bash packaging/build-release.sh -p portcullis-bench
 # The launcher as the .deb ships it: statically linked (see the script).
 bash sandbox/build-static.sh
 exec target/release/portcullis-bench "$@"

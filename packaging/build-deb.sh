@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 if ! command -v cargo-deb >/dev/null; then
   cargo install cargo-deb --locked
 fi
-cargo build --release --locked -p portcullis -p portcullis-sandbox --bins
+bash packaging/build-release.sh
 # The launcher statically linked with musl: it starts twice per command,
 # and glibc's start-up costs ~0.7 ms of CPU each time on a VM.
 bash sandbox/build-static.sh

@@ -12,7 +12,7 @@ cd "$(dirname "$0")"
 venv=${PORTCULLIS_PY_VENV:-../target/python-venv}
 
 if [ -z "${PORTCULLIS_BIN:-}" ]; then
-  cargo build --release --locked -p portcullis -p portcullis-sandbox --bins
+  bash ../packaging/build-release.sh
   PORTCULLIS_BIN=$(cd .. && pwd)/target/release/portcullis
   export PORTCULLIS_BIN
 fi
